@@ -1,0 +1,56 @@
+// Elementwise and row-gather kernels. Sizes are element counts; grid-stride loops.
+#include "common.cuh"
+
+__device__ __forceinline__ long long gtid() {
+    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ long long gstride() { return (long long)gridDim.x * blockDim.x; }
+
+extern "C" __global__ void add_f32(const float* a, const float* b, float* out, long long n) {
+    for (long long i = gtid(); i < n; i += gstride()) out[i] = a[i] + b[i];
+}
+
+// out = silu(gate) * up, computed like the fused linear epilogue.
+extern "C" __global__ void silu_mul_f32(const float* gate, const float* up, float* out,
+                                        long long n) {
+    for (long long i = gtid(); i < n; i += gstride()) {
+        const float g = gate[i];
+        out[i] = g / (1.f + expf(-g)) * up[i];
+    }
+}
+
+// x [rows, n] += row [n] (broadcast over rows).
+extern "C" __global__ void add_row_inplace_f32(float* x, const float* row, long long rows,
+                                               long long n) {
+    for (long long i = gtid(); i < rows * n; i += gstride()) x[i] += row[i % n];
+}
+
+// out[r, :] = f32(table[ids[r], :]) for a bf16 table [n_rows_table, cols] (row stride ld).
+// An id outside [0, n_rows_table) writes a row of NaN rather than reading out of bounds.
+extern "C" __global__ void gather_rows_bf16(const bf16_bits* table, long long ld,
+                                            long long n_rows_table, const int* ids, float* out,
+                                            long long ldo, int n_ids, long long cols) {
+    for (long long i = gtid(); i < (long long)n_ids * cols; i += gstride()) {
+        const long long r = i / cols, c = i % cols;
+        const int id = ids[r];
+        out[r * ldo + c] = (id >= 0 && id < n_rows_table) ? bf16_to_f32(table[(long long)id * ld + c])
+                                                          : __int_as_float(0x7fc00000);
+    }
+}
+
+// Same for an f32 table.
+extern "C" __global__ void gather_rows_f32(const float* table, long long ld,
+                                           long long n_rows_table, const int* ids, float* out,
+                                           long long ldo, int n_ids, long long cols) {
+    for (long long i = gtid(); i < (long long)n_ids * cols; i += gstride()) {
+        const long long r = i / cols, c = i % cols;
+        const int id = ids[r];
+        out[r * ldo + c] = (id >= 0 && id < n_rows_table) ? table[(long long)id * ld + c]
+                                                          : __int_as_float(0x7fc00000);
+    }
+}
+
+// Gemma-style logit soft-cap in place: x = tanh(x / cap) * cap.
+extern "C" __global__ void softcap_inplace(float* x, long long n, float cap) {
+    for (long long i = gtid(); i < n; i += gstride()) x[i] = tanhf(x[i] / cap) * cap;
+}

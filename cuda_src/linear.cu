@@ -1,0 +1,333 @@
+// linear: Y[M, N] = X[M, K] . W[N, K]^T, W in its stored format, f32 activations, f32 accumulation.
+//
+// bf16 / q8_0 / q4_0 weights: tensor-core mma.m16n8k16 (bf16 x bf16 -> f32). Weights are exact
+// in bf16 (bf16 bits, or the integer quants), and each f32 activation is split into
+// hi = bf16(x) and lo = bf16(x - hi), two MMAs, so products keep ~16 mantissa bits: near-f32
+// results at the memory-bandwidth floor. f32 weights ("parity mode") use plain FFMA.
+//
+// Work split: a block of NWARPS warps owns 32 output rows (2 m-tiles of 16) and 16 tokens
+// (2 n-tiles of 8, or 1 when M <= 8). Its warps split K in 32-wide chunks (warp w takes chunks
+// w, w+NWARPS, ...) and meet in shared memory, in a fixed order (deterministic). Each lane loads
+// its weight bytes straight from global memory: the mma k-slot -> k mapping is permuted so a
+// lane's k values are contiguous in memory (any permutation works if A and B use the same one).
+//
+// Epilogues: STORE Y = v; ADD Y = R + v (R may alias Y: residual in place); SILU_MUL for a fused
+// gate/up weight whose rows come in groups of 8 gate rows then the matching 8 up rows:
+// Y[:, j] = silu(gate_j) * up_j, Y has N/2 columns.
+//
+// Storage (see pydflash/tensor.py): bf16 [N, K] u16; f32 [N, K]; q8_0 qs int8 [N, K] + d f16
+// [N, K/32]; q4_0 qs [N, K/2] (per 32-block: byte j = element j low nibble, j+16 high nibble,
+// the GGML order) + d f16 [N, K/32]. K % 32 == 0 always.
+#include "common.cuh"
+
+#define FMT_BF16 0
+#define FMT_Q8_0 1
+#define FMT_Q4_0 2
+#define EPI_STORE 0
+#define EPI_ADD 1
+#define EPI_SILU_MUL 2
+#define LIN_NWARPS 8
+#define LIN_UNROLL 4
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// int8 pair -> bf16x2 (exact: |q| <= 128).
+__device__ __forceinline__ unsigned i8x2_to_bf16x2(int q0, int q1) {
+    return pack_bf16x2((float)q0, (float)q1);
+}
+
+// One lane's 8 weights of one row in one 32-chunk, as 4 registers of bf16 pairs, and the
+// element offsets (within the chunk) of elements 0..3 and 4..7 for the activation loads.
+template <int FMT>
+struct ChunkLoad {
+    uint4 raw;
+    __device__ __forceinline__ void load(const unsigned char* w, long long row, int K, int chunk,
+                                         int t) {
+        if (FMT == FMT_BF16) {
+            raw = *reinterpret_cast<const uint4*>(w + (row * K + chunk * 32 + t * 8) * 2);
+        } else if (FMT == FMT_Q8_0) {
+            uint2 v = *reinterpret_cast<const uint2*>(w + row * K + chunk * 32 + t * 8);
+            raw = make_uint4(v.x, v.y, 0u, 0u);
+        } else {
+            unsigned v = *reinterpret_cast<const unsigned*>(w + row * (K / 2) + chunk * 16 + t * 4);
+            raw = make_uint4(v, 0u, 0u, 0u);
+        }
+    }
+    __device__ __forceinline__ void words(unsigned (&out)[4]) const {
+        if (FMT == FMT_BF16) {
+            out[0] = raw.x; out[1] = raw.y; out[2] = raw.z; out[3] = raw.w;
+        } else if (FMT == FMT_Q8_0) {
+            const int x = (int)raw.x, y = (int)raw.y;
+            out[0] = i8x2_to_bf16x2((x << 24) >> 24, (x << 16) >> 24);
+            out[1] = i8x2_to_bf16x2((x << 8) >> 24, x >> 24);
+            out[2] = i8x2_to_bf16x2((y << 24) >> 24, (y << 16) >> 24);
+            out[3] = i8x2_to_bf16x2((y << 8) >> 24, y >> 24);
+        } else {
+            // bytes b0..b3 hold k = 4t+i (low nibble) and 16+4t+i (high nibble)
+            const unsigned v = raw.x;
+            int lo[4], hi[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                lo[i] = (int)((v >> (8 * i)) & 15u) - 8;
+                hi[i] = (int)((v >> (8 * i + 4)) & 15u) - 8;
+            }
+            out[0] = i8x2_to_bf16x2(lo[0], lo[1]);
+            out[1] = i8x2_to_bf16x2(lo[2], lo[3]);
+            out[2] = i8x2_to_bf16x2(hi[0], hi[1]);
+            out[3] = i8x2_to_bf16x2(hi[2], hi[3]);
+        }
+    }
+    // chunk-relative k of elements 0..3 and of elements 4..7 of lane t
+    __device__ __forceinline__ static int k_first(int t) { return FMT == FMT_Q4_0 ? 4 * t : 8 * t; }
+    __device__ __forceinline__ static int k_second(int t) {
+        return FMT == FMT_Q4_0 ? 16 + 4 * t : 8 * t + 4;
+    }
+};
+
+// Activation fragment: 4 consecutive floats -> (hi pair, hi pair) and (lo pair, lo pair).
+__device__ __forceinline__ void split4(float4 v, unsigned (&hi)[2], unsigned (&lo)[2]) {
+    hi[0] = pack_bf16x2(v.x, v.y);
+    hi[1] = pack_bf16x2(v.z, v.w);
+    const float r0 = v.x - __uint_as_float(hi[0] << 16);
+    const float r1 = v.y - __uint_as_float(hi[0] & 0xffff0000u);
+    const float r2 = v.z - __uint_as_float(hi[1] << 16);
+    const float r3 = v.w - __uint_as_float(hi[1] & 0xffff0000u);
+    lo[0] = pack_bf16x2(r0, r1);
+    lo[1] = pack_bf16x2(r2, r3);
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// Store one output of the block (row, token) after the reduction.
+template <int EPI>
+__device__ __forceinline__ void epilogue_store(float* Y, long long ldy, const float* R,
+                                               long long ldr, long long row, long long tok,
+                                               float v) {
+    if (EPI == EPI_ADD) v += R[tok * ldr + row];
+    Y[tok * ldy + row] = v;
+}
+
+template <int FMT, int NT, int EPI>
+__device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
+                                           const f16_bits* __restrict__ scales,
+                                           const float* __restrict__ X, long long ldx, float* Y,
+                                           long long ldy, const float* R, long long ldr, int M,
+                                           int N, int K) {
+    __shared__ float red[LIN_NWARPS][32][2 * NT * 4];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const long long row0 = (long long)blockIdx.y * 32;
+    const long long tok0 = (long long)blockIdx.x * (NT * 8);
+    const int nchunks = K / 32;
+
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+    // rows this lane loads: m-tile mt, half h -> row0 + mt*16 + h*8 + g (clamped; masked later)
+    long long rows[2][2];
+    bool row_ok[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const long long r = row0 + mt * 16 + h * 8 + g;
+            row_ok[mt][h] = r < N;
+            rows[mt][h] = r < N ? r : (long long)N - 1;
+        }
+    // tokens this lane feeds as B columns: n-tile nt -> tok0 + nt*8 + g
+    const float* xrow[NT];
+    bool tok_ok[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const long long tk = tok0 + nt * 8 + g;
+        tok_ok[nt] = tk < M;
+        xrow[nt] = X + (tk < M ? tk : 0) * ldx;
+    }
+
+    for (int c0 = warp; c0 < nchunks; c0 += LIN_NWARPS * LIN_UNROLL) {
+        ChunkLoad<FMT> wl[LIN_UNROLL][2][2];
+        float d[LIN_UNROLL][2][2];
+#pragma unroll
+        for (int u = 0; u < LIN_UNROLL; ++u) {
+            const int c = c0 + u * LIN_NWARPS;
+            if (c < nchunks) {
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        wl[u][mt][h].load(W, rows[mt][h], K, c, t);
+                        d[u][mt][h] = FMT == FMT_BF16
+                                          ? 1.f
+                                          : f16_to_f32(scales[rows[mt][h] * nchunks + c]);
+                    }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < LIN_UNROLL; ++u) {
+            const int c = c0 + u * LIN_NWARPS;
+            if (c >= nchunks) break;
+            // B fragments: for each n-tile, elements 0..3 and 4..7 (hi and lo parts)
+            unsigned bh[NT][2][2], bl[NT][2][2];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+                if (tok_ok[nt]) {
+                    x0 = *reinterpret_cast<const float4*>(xrow[nt] + c * 32 + ChunkLoad<FMT>::k_first(t));
+                    x1 = *reinterpret_cast<const float4*>(xrow[nt] + c * 32 + ChunkLoad<FMT>::k_second(t));
+                }
+                split4(x0, bh[nt][0], bl[nt][0]);
+                split4(x1, bh[nt][1], bl[nt][1]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                unsigned wa[4], wb[4];
+                wl[u][mt][0].words(wa);   // row g
+                wl[u][mt][1].words(wb);   // row g + 8
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    // step s uses words 2s (k slots 2t,2t+1) and 2s+1 (slots 2t+8, 2t+9)
+                    if constexpr (FMT == FMT_BF16) {
+#pragma unroll
+                        for (int s = 0; s < 2; ++s) {
+                            const unsigned a[4] = {wa[2 * s], wb[2 * s], wa[2 * s + 1], wb[2 * s + 1]};
+                            mma_bf16(acc[mt][nt], a, bh[nt][s][0], bh[nt][s][1]);
+                            mma_bf16(acc[mt][nt], a, bl[nt][s][0], bl[nt][s][1]);
+                        }
+                    } else {
+                        // integer quants: the chunk's partial sum, then its per-row scale
+                        float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                        for (int s = 0; s < 2; ++s) {
+                            const unsigned a[4] = {wa[2 * s], wb[2 * s], wa[2 * s + 1], wb[2 * s + 1]};
+                            mma_bf16(tmp, a, bh[nt][s][0], bh[nt][s][1]);
+                            mma_bf16(tmp, a, bl[nt][s][0], bl[nt][s][1]);
+                        }
+                        acc[mt][nt][0] += d[u][mt][0] * tmp[0];
+                        acc[mt][nt][1] += d[u][mt][0] * tmp[1];
+                        acc[mt][nt][2] += d[u][mt][1] * tmp[2];
+                        acc[mt][nt][3] += d[u][mt][1] * tmp[3];
+                    }
+                }
+            }
+        }
+    }
+
+    // Deterministic cross-warp reduction, then the epilogue.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) red[warp][lane][(mt * NT + nt) * 4 + i] = acc[mt][nt][i];
+    __syncthreads();
+    // item = (lane, mt, nt, col j): c[j] (row g) pairs with c[j+2] (row g+8)
+    const int items = 32 * 2 * NT * 2;
+    for (int it = threadIdx.x; it < items; it += blockDim.x) {
+        const int l = it & 31, rest = it >> 5;
+        const int j = rest & 1, mn = rest >> 1;         // mn = mt*NT + nt
+        const int mt = mn / NT, nt = mn % NT;
+        float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < LIN_NWARPS; ++w) {
+            v0 += red[w][l][mn * 4 + j];
+            v1 += red[w][l][mn * 4 + j + 2];
+        }
+        const int lg = l >> 2, lt = l & 3;
+        const long long tok = tok0 + nt * 8 + 2 * lt + j;
+        const long long r = row0 + mt * 16 + lg;
+        if (tok >= M) continue;
+        if (EPI == EPI_SILU_MUL) {
+            const long long col = (row0 + mt * 16) / 2 + lg;
+            if (r < N) Y[tok * ldy + col] = silu(v0) * v1;
+        } else {
+            if (r < N) epilogue_store<EPI>(Y, ldy, R, ldr, r, tok, v0);
+            if (r + 8 < N) epilogue_store<EPI>(Y, ldy, R, ldr, r + 8, tok, v1);
+        }
+    }
+}
+
+// f32 weights: exact FFMA. A warp owns the row pair (r, r+8) of a 16-row tile (the pairing the
+// SILU_MUL epilogue needs) for up to 16 tokens; lanes stride K.
+template <int EPI>
+__device__ __forceinline__ void linear_f32(const float* __restrict__ W,
+                                           const float* __restrict__ X, long long ldx, float* Y,
+                                           long long ldy, const float* R, long long ldr, int M,
+                                           int N, int K) {
+    const int lane = threadIdx.x & 31;
+    const long long pair = (long long)blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const long long r = (pair >> 3) * 16 + (pair & 7);
+    if (r >= N) return;
+    const bool has8 = r + 8 < N;
+    const long long tok0 = (long long)blockIdx.x * 16;
+    float a0[16], a1[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) a0[i] = a1[i] = 0.f;
+    const float* w0 = W + r * K;
+    const float* w1 = W + (has8 ? r + 8 : r) * K;
+    for (int k = lane; k < K; k += 32) {
+        const float u0 = w0[k], u1 = w1[k];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            if (tok0 + i < M) {
+                const float x = X[(tok0 + i) * ldx + k];
+                a0[i] = fmaf(u0, x, a0[i]);
+                a1[i] = fmaf(u1, x, a1[i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const float v0 = warp_sum(a0[i]), v1 = warp_sum(a1[i]);
+        const long long tok = tok0 + i;
+        if (lane != 0 || tok >= M) continue;
+        if (EPI == EPI_SILU_MUL) {
+            Y[tok * ldy + (r >> 4) * 8 + (r & 7)] = silu(v0) * v1;
+        } else {
+            epilogue_store<EPI>(Y, ldy, R, ldr, r, tok, v0);
+            if (has8) epilogue_store<EPI>(Y, ldy, R, ldr, r + 8, tok, v1);
+        }
+    }
+}
+
+// Entry points, named linear_<format>_<epilogue>[_nt1]. Grid: x = token groups of 16 (8 for
+// _nt1), y = row groups of 32; block = 32 * LIN_NWARPS threads.
+#define LINEAR_MMA_ENTRY(name, FMT, NT, EPI)                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * LIN_NWARPS)                             \
+        name(const unsigned char* W, const f16_bits* scales, const float* X, long long ldx,    \
+             float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K) {    \
+        linear_mma<FMT, NT, EPI>(W, scales, X, ldx, Y, ldy, R, ldr, M, N, K);                 \
+    }
+#define LINEAR_MMA_ALL(fname, FMT)                                                             \
+    LINEAR_MMA_ENTRY(linear_##fname##_store, FMT, 2, EPI_STORE)                                \
+    LINEAR_MMA_ENTRY(linear_##fname##_add, FMT, 2, EPI_ADD)                                    \
+    LINEAR_MMA_ENTRY(linear_##fname##_silu_mul, FMT, 2, EPI_SILU_MUL)                          \
+    LINEAR_MMA_ENTRY(linear_##fname##_store_nt1, FMT, 1, EPI_STORE)                            \
+    LINEAR_MMA_ENTRY(linear_##fname##_add_nt1, FMT, 1, EPI_ADD)                                \
+    LINEAR_MMA_ENTRY(linear_##fname##_silu_mul_nt1, FMT, 1, EPI_SILU_MUL)
+
+LINEAR_MMA_ALL(bf16, FMT_BF16)
+LINEAR_MMA_ALL(q8_0, FMT_Q8_0)
+LINEAR_MMA_ALL(q4_0, FMT_Q4_0)
+
+// f32: grid x = token groups of 16, y = groups of (blockDim/32) row pairs.
+#define LINEAR_F32_ENTRY(name, EPI)                                                            \
+    extern "C" __global__ void name(const float* W, const f16_bits* scales, const float* X,    \
+                                    long long ldx, float* Y, long long ldy, const float* R,    \
+                                    long long ldr, int M, int N, int K) {                      \
+        linear_f32<EPI>(W, X, ldx, Y, ldy, R, ldr, M, N, K);                                   \
+    }
+LINEAR_F32_ENTRY(linear_f32_store, EPI_STORE)
+LINEAR_F32_ENTRY(linear_f32_add, EPI_ADD)
+LINEAR_F32_ENTRY(linear_f32_silu_mul, EPI_SILU_MUL)

@@ -1,0 +1,495 @@
+"""Engine: one CUDA device and stream, the compiled kernel modules, and the drafter's primitives.
+
+Each primitive is usable on its own by an embedder: arguments are CuPy float32 device arrays
+(any object with `__cuda_array_interface__` or DLPack is accepted where noted), outputs are new
+arrays unless `out=` is given. All work is queued on `Engine.stream`; nothing synchronizes the
+host except `dtoh` and `synchronize`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import kernels
+from .errors import DeviceError, KernelCompileError, ShapeError
+from .tensor import QK, GpuTensor
+
+try:  # CuPy is an optional extra (cuda12 / cuda13); the CPU parts of pydflash work without it.
+    import cupy as cp
+except ImportError:  # pragma: no cover - exercised only on machines without CuPy
+    cp = None
+
+LINEAR_THREADS = 256          # 8 warps: LIN_NWARPS in linear.cu
+LINEAR_ROWS_PER_BLOCK = 32
+F32_WARPS_PER_BLOCK = 8
+ATT_THREADS, ATT_T = 256, 32  # attention.cu
+EPILOGUES = {"store": "store", "add": "add", "silu_mul": "silu_mul"}
+
+
+def cuda_available() -> bool:
+    """True when CuPy is installed and at least one CUDA device answers."""
+    if cp is None:
+        return False
+    try:
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - any CUDA runtime failure means "no device"
+        return False
+
+
+class Engine:
+    """Owns a device, a non-blocking stream and the NVRTC-compiled modules (once per process)."""
+
+    _modules: dict[tuple[int, str], Any] = {}   # (device ordinal, module) -> cupy.RawModule
+
+    def __init__(self, ordinal: int = 0) -> None:
+        if cp is None:
+            raise DeviceError("CuPy is not installed: pip install 'pydflash[cuda12]' or "
+                              "'pydflash[cuda13]'")
+        if not cuda_available():
+            raise DeviceError("no CUDA device is visible")
+        n = cp.cuda.runtime.getDeviceCount()
+        if not isinstance(ordinal, (int, np.integer)) or not 0 <= ordinal < n:
+            raise DeviceError(f"ordinal {ordinal!r} out of range: {n} CUDA device(s)")
+        self.ordinal = int(ordinal)
+        self.device = cp.cuda.Device(self.ordinal)
+        with self.device:
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            props = cp.cuda.runtime.getDeviceProperties(self.ordinal)
+        self.sm_count = int(props["multiProcessorCount"])
+        self.name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        self.arch = f"sm_{props['major']}{props['minor']}"
+        self._functions: dict[tuple[str, str], Any] = {}
+
+    # -- kernels ----------------------------------------------------------------------------
+    def module(self, name: str) -> Any:
+        key = (self.ordinal, name)
+        mod = Engine._modules.get(key)
+        if mod is None:
+            with self.device:
+                try:
+                    mod = cp.RawModule(code=kernels.source(name), options=kernels.NVRTC_OPTIONS)
+                    mod.compile()
+                except cp.cuda.compiler.CompileException as exc:
+                    raise KernelCompileError(f"{name}.cu: NVRTC failed\n{exc}") from None
+            Engine._modules[key] = mod
+        return mod
+
+    def kernel(self, module: str, function: str) -> Any:
+        fn = self._functions.get((module, function))
+        if fn is None:
+            fn = self.module(module).get_function(function)
+            self._functions[(module, function)] = fn
+        return fn
+
+    def launch(self, module: str, function: str, grid: tuple[int, ...], block: int,
+               args: tuple, shared_mem: int = 0) -> None:
+        fn = self.kernel(module, function)
+        with self.device, self.stream:
+            fn(grid, (block,), args, shared_mem=shared_mem)
+
+    # -- memory -----------------------------------------------------------------------------
+    def htod(self, a: np.ndarray) -> "cp.ndarray":
+        """Host -> device copy on the engine stream."""
+        with self.device, self.stream:
+            out = cp.empty(np.shape(a), dtype=np.asarray(a).dtype)
+            out.set(np.ascontiguousarray(a), stream=self.stream)
+        return out
+
+    def dtoh(self, d: Any) -> np.ndarray:
+        """Device -> host copy; waits for the engine stream first."""
+        d = self.as_device_array(d, "d")
+        self.stream.synchronize()
+        with self.device:
+            return cp.asnumpy(d)
+
+    def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> "cp.ndarray":
+        with self.device, self.stream:
+            return cp.empty(shape, dtype=dtype)
+
+    def zeros(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> "cp.ndarray":
+        with self.device, self.stream:
+            return cp.zeros(shape, dtype=dtype)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def as_device_array(self, obj: Any, name: str) -> "cp.ndarray":
+        """A CuPy view of `obj` on this engine's device (no copy), or a ShapeError naming it."""
+        if isinstance(obj, cp.ndarray):
+            arr = obj
+        elif hasattr(obj, "__cuda_array_interface__"):
+            arr = _from_cuda_array_interface(obj)
+        elif hasattr(obj, "__dlpack__"):
+            if isinstance(obj, np.ndarray):
+                raise ShapeError(f"{name}: a host numpy array was given; pass a device array "
+                                 f"(Engine.htod)")
+            with self.device:
+                arr = cp.from_dlpack(obj)
+        else:
+            raise ShapeError(f"{name}: expected a CuPy device array, found {type(obj).__name__}")
+        if arr.device.id != self.ordinal:
+            raise ShapeError(f"{name}: lives on device {arr.device.id}, engine uses "
+                             f"device {self.ordinal}")
+        return arr
+
+    def f32_rows(self, obj: Any, name: str, rows: int, cols: int) -> "cp.ndarray":
+        """Validate a float32 device input of rows*cols values (flat or 2-D) -> [rows, cols]."""
+        arr = self.as_device_array(obj, name)
+        if arr.dtype != np.float32:
+            raise ShapeError(f"{name}: dtype must be float32, found {arr.dtype}")
+        if arr.size != rows * cols:
+            raise ShapeError(f"{name}: expected {rows}x{cols} = {rows * cols} float32 values, "
+                             f"found shape {list(arr.shape)}")
+        if not arr.flags.c_contiguous:
+            raise ShapeError(f"{name}: must be C-contiguous")
+        return arr.reshape(rows, cols)
+
+    def int32_ids(self, ids: Any, name: str, n: int | None = None) -> "cp.ndarray":
+        """Host ints or a device int32 array -> device int32 [n]."""
+        if cp is not None and isinstance(ids, cp.ndarray) or hasattr(ids, "__cuda_array_interface__"):
+            arr = self.as_device_array(ids, name).reshape(-1)
+            if arr.dtype != np.int32:
+                raise ShapeError(f"{name}: device ids must be int32, found {arr.dtype}")
+        else:
+            host = _host_int32(ids, name)
+            arr = self.htod(host)
+        if n is not None and arr.size != n:
+            raise ShapeError(f"{name}: expected {n} values, found {arr.size}")
+        return arr
+
+    # -- primitives ---------------------------------------------------------------------------
+    def matmul(self, w: GpuTensor, x: Any, m: int, *, out: Any = None,
+               add_to: Any = None) -> "cp.ndarray":
+        """[m, K] . W^T -> [m, N]; with `add_to` ([m, N]) the result is add_to + x.W^T."""
+        x = self.f32_rows(x, "x", m, w.in_features)
+        res = None
+        if add_to is not None:
+            res = self.f32_rows(add_to, "add_to", m, w.out_features)
+        out = self._out(out, "out", m, w.out_features)
+        self.linear(w, x, m, out, "add" if res is not None else "store", res)
+        return out
+
+    def matmul_silu_mul(self, w_gate_up: GpuTensor, x: Any, m: int, *,
+                        out: Any = None) -> "cp.ndarray":
+        """Fused gate/up weight (rows in groups of 8 gate then 8 up) -> silu(gate) * up."""
+        if w_gate_up.out_features % 16:
+            raise ShapeError(f"w_gate_up: out_features {w_gate_up.out_features} must be a "
+                             f"multiple of 16 (groups of 8 gate + 8 up rows)")
+        x = self.f32_rows(x, "x", m, w_gate_up.in_features)
+        out = self._out(out, "out", m, w_gate_up.out_features // 2)
+        self.linear(w_gate_up, x, m, out, "silu_mul", None)
+        return out
+
+    def linear(self, w: GpuTensor, x: "cp.ndarray", m: int, out: "cp.ndarray", epilogue: str,
+               residual: "cp.ndarray | None") -> None:
+        """Unchecked launch of the linear kernel (callers validated shapes); rows are strided by
+        their arrays' own row strides."""
+        n, k = w.out_features, w.in_features
+        ldx = x.strides[0] // 4 if x.ndim == 2 else k
+        ldy = out.strides[0] // 4 if out.ndim == 2 else out.size // max(m, 1)
+        ldr = (residual.strides[0] // 4 if residual.ndim == 2 else n) if residual is not None else 0
+        res = residual if residual is not None else out
+        scales = w.scales if w.scales is not None else w.data
+        if w.fmt == "f32":
+            pairs = (n + 15) // 16 * 8
+            grid = ((m + 15) // 16, (pairs + F32_WARPS_PER_BLOCK - 1) // F32_WARPS_PER_BLOCK)
+            self.launch("linear", f"linear_f32_{epilogue}", grid, 32 * F32_WARPS_PER_BLOCK,
+                        (w.data, scales, x, np.int64(ldx), out, np.int64(ldy), res,
+                         np.int64(ldr), np.int32(m), np.int32(n), np.int32(k)))
+            return
+        nt1 = m <= 8
+        tokens_per_block = 8 if nt1 else 16
+        grid = ((m + tokens_per_block - 1) // tokens_per_block,
+                (n + LINEAR_ROWS_PER_BLOCK - 1) // LINEAR_ROWS_PER_BLOCK)
+        name = f"linear_{w.fmt}_{epilogue}" + ("_nt1" if nt1 else "")
+        self.launch("linear", name, grid, LINEAR_THREADS,
+                    (w.data, scales, x, np.int64(ldx), out, np.int64(ldy), res, np.int64(ldr),
+                     np.int32(m), np.int32(n), np.int32(k)))
+
+    def rms_norm(self, x: Any, w: Any, eps: float, *, out: Any = None) -> "cp.ndarray":
+        """Row-wise RMSNorm of x [rows, n] with weight w [n]; per-head norm = x viewed
+        [rows*heads, head_dim]."""
+        w = self.as_device_array(w, "w").reshape(-1)
+        n = w.size
+        xa = self.as_device_array(x, "x")
+        if xa.size % n:
+            raise ShapeError(f"x: {xa.size} values is not a whole number of rows of {n}")
+        rows = xa.size // n
+        xa = self.f32_rows(xa, "x", rows, n)
+        self._check_f32(w, "w")
+        out = self._out(out, "out", rows, n)
+        self.rms_norm_rows(xa, w, eps, out, rows, n)
+        return out
+
+    def rms_norm_rows(self, x: "cp.ndarray", w: "cp.ndarray", eps: float, out: "cp.ndarray",
+                      rows: int, n: int) -> None:
+        if rows == 0:
+            return
+        self.launch("norm", "rms_norm_rows", (rows,), 256 if n >= 256 else 64,
+                    (x, np.int64(n), w, out, np.int64(n), np.int32(n), np.float32(eps)))
+
+    def rope_neox(self, x: Any, pos: Any, n_heads: int, head_dim: int, theta: float, *,
+                  scale: float = 1.0, norm_w: Any = None, eps: float = 1e-6,
+                  out: Any = None) -> "cp.ndarray":
+        """Rotate-half RoPE of x [rows, n_heads*head_dim] at absolute int32 positions [rows],
+        optionally after a per-head RMSNorm with weight norm_w [head_dim]."""
+        from .reference import rope_inv_freq
+        if head_dim % 2 or not 0 < head_dim <= 512:
+            raise ShapeError(f"head_dim must be even and <= 512, found {head_dim}")
+        xa = self.as_device_array(x, "x")
+        rows = xa.size // (n_heads * head_dim) if n_heads * head_dim else 0
+        xa = self.f32_rows(xa, "x", rows, n_heads * head_dim)
+        p = self.int32_ids(pos, "pos", rows)
+        nw = None
+        if norm_w is not None:
+            nw = self.as_device_array(norm_w, "norm_w").reshape(-1)
+            self._check_f32(nw, "norm_w")
+            if nw.size != head_dim:
+                raise ShapeError(f"norm_w: expected {head_dim} values, found {nw.size}")
+        out = self._out(out, "out", rows, n_heads * head_dim)
+        inv = self.htod(rope_inv_freq(head_dim, theta, scale))
+        items = rows * n_heads
+        if items:
+            self.launch("rope", "head_norm_rope", ((items + 3) // 4,), 128,
+                        (xa, np.int64(n_heads * head_dim), out, np.int64(n_heads * head_dim),
+                         nw if nw is not None else _null(), p, inv, np.int32(rows),
+                         np.int32(n_heads), np.int32(head_dim), np.float32(eps)))
+        return out
+
+    def attention(self, q: Any, k: Any, v: Any, q_pos: Any, k_pos: Any, n_head: int,
+                  n_kv: int, head_dim: int, *, window: int | None = None,
+                  out: Any = None) -> "cp.ndarray":
+        """Non-causal GQA attention: q [m, n_head*hd], k/v [n, n_kv*hd] -> [m, n_head*hd].
+        Query at position p sees key j iff window is None or |p - pos_j| <= window - 1."""
+        _check_attention_geometry(n_head, n_kv, head_dim)
+        qa = self.as_device_array(q, "q")
+        m = qa.size // (n_head * head_dim)
+        qa = self.f32_rows(qa, "q", m, n_head * head_dim)
+        ka = self.as_device_array(k, "k")
+        n = ka.size // (n_kv * head_dim)
+        ka = self.f32_rows(ka, "k", n, n_kv * head_dim)
+        va = self.f32_rows(v, "v", n, n_kv * head_dim)
+        qp = self.int32_ids(q_pos, "q_pos", m)
+        kp = self.int32_ids(k_pos, "k_pos", n)
+        if window is not None and window < 1:
+            raise ShapeError(f"window must be >= 1 or None, found {window}")
+        out = self._out(out, "out", m, n_head * head_dim)
+        if n == 0:
+            raise ShapeError("k: attention needs at least one key")
+        group = n_head // n_kv
+        chunk = max(1, 128 // group)     # query rows per launch: R = group * rows <= 128
+        scratch = AttentionScratch.for_shape(self, n_head, chunk, head_dim, n)
+        for r0 in range(0, m, chunk):
+            r1 = min(m, r0 + chunk)
+            self.attention_into(qa[r0:r1], ka, va, qp[r0:r1], kp, r1 - r0, n, n_head, n_kv,
+                                head_dim, window or 0, out[r0:r1], scratch)
+        return out
+
+    def attention_into(self, q: "cp.ndarray", k: "cp.ndarray", v: "cp.ndarray",
+                       q_pos: "cp.ndarray", k_pos: "cp.ndarray", m: int, n_keys: int,
+                       n_head: int, n_kv: int, hd: int, window: int, out: "cp.ndarray",
+                       scratch: "AttentionScratch") -> None:
+        """Unchecked split-KV attention launch pair (partial + combine)."""
+        group = n_head // n_kv
+        rows = group * m
+        rpt = 1 << max(0, math.ceil(math.log2(max(1, (rows + 15) // 16))))
+        rstep = ATT_THREADS // (hd // 4)
+        orpt = 1 << max(0, math.ceil(math.log2(max(1, (16 * rpt + rstep - 1) // rstep))))
+        tiles = (n_keys + ATT_T - 1) // ATT_T
+        splits = max(1, min(scratch.max_splits, tiles,
+                            (2 * self.sm_count + n_kv - 1) // n_kv))
+        keys_per_split = (tiles + splits - 1) // splits * ATT_T
+        splits = (n_keys + keys_per_split - 1) // keys_per_split
+        hs = hd + 4
+        smem = 4 * (16 * rpt * hs + 2 * ATT_T * hs + ATT_T * 16 * rpt + 16 * rpt + ATT_T)
+        fn = self.kernel("attention", f"attn_partial_r{rpt}_o{orpt}")
+        if smem > 48 * 1024 and getattr(fn, "_pydflash_smem", 0) < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+            fn._pydflash_smem = smem
+        ldq = q.strides[0] // 4
+        ldkv = k.strides[0] // 4
+        with self.device, self.stream:
+            fn((n_kv, splits), (ATT_THREADS,),
+               (q, np.int64(ldq), k, v, np.int64(ldkv), q_pos, k_pos, np.int32(m),
+                np.int32(n_keys), np.int32(n_head), np.int32(n_kv), np.int32(hd),
+                np.int32(window), np.float32(hd ** -0.5), np.int32(keys_per_split),
+                scratch.o_part, scratch.ml_part), shared_mem=smem)
+        self.launch("attention", "attn_combine", (n_head * m,), hd,
+                    (scratch.o_part, scratch.ml_part, out, np.int64(out.strides[0] // 4),
+                     np.int32(m), np.int32(n_head), np.int32(hd), np.int32(splits)))
+
+    def silu_mul(self, gate: Any, up: Any, *, out: Any = None) -> "cp.ndarray":
+        g = self.as_device_array(gate, "gate")
+        self._check_f32(g, "gate")
+        u = self.f32_rows(up, "up", 1, g.size).reshape(g.shape)
+        out = self._out(out, "out", 1, g.size).reshape(g.shape)
+        self._elementwise("silu_mul_f32", (g, u, out, np.int64(g.size)), g.size)
+        return out
+
+    def add(self, a: Any, b: Any, *, out: Any = None) -> "cp.ndarray":
+        aa = self.as_device_array(a, "a")
+        self._check_f32(aa, "a")
+        bb = self.f32_rows(b, "b", 1, aa.size).reshape(aa.shape)
+        out = self._out(out, "out", 1, aa.size).reshape(aa.shape)
+        self._elementwise("add_f32", (aa, bb, out, np.int64(aa.size)), aa.size)
+        return out
+
+    def add_row_inplace(self, x: Any, row: Any) -> "cp.ndarray":
+        """x [rows, n] += row [n] (a bias broadcast over rows), in place."""
+        r = self.as_device_array(row, "row").reshape(-1)
+        self._check_f32(r, "row")
+        xa = self.as_device_array(x, "x")
+        if r.size == 0 or xa.size % r.size:
+            raise ShapeError(f"x: {xa.size} values is not a whole number of rows of {r.size}")
+        xa = self.f32_rows(xa, "x", xa.size // r.size, r.size)
+        self._elementwise("add_row_inplace_f32",
+                          (xa, r, np.int64(xa.shape[0]), np.int64(r.size)), xa.size)
+        return x
+
+    def gather_row_bf16(self, table: GpuTensor | Any, ids: Any, *,
+                        out: Any = None) -> "cp.ndarray":
+        """Rows of a bf16 table [V, H] (GpuTensor or uint16 device array) -> f32 [len(ids), H].
+        An out-of-range id yields a NaN row (never an out-of-bounds read)."""
+        if isinstance(table, GpuTensor):
+            if table.fmt != "bf16":
+                raise ShapeError(f"table: must be bf16, found {table.fmt}")
+            t = table.data
+        else:
+            t = self.as_device_array(table, "table")
+            if t.dtype.itemsize != 2 or t.ndim != 2:
+                raise ShapeError(f"table: expected a 2-D array of bf16 bits, found "
+                                 f"{t.dtype} {list(t.shape)}")
+        idx = self.int32_ids(ids, "ids")
+        out = self._out(out, "out", idx.size, t.shape[1])
+        self.gather_rows(t, idx, out, idx.size)
+        return out
+
+    def gather_rows(self, table: "cp.ndarray", ids: "cp.ndarray", out: "cp.ndarray",
+                    n_ids: int) -> None:
+        fn = "gather_rows_f32" if table.dtype == np.float32 else "gather_rows_bf16"
+        cols = table.shape[1]
+        self._elementwise(fn, (table, np.int64(table.strides[0] // table.itemsize),
+                               np.int64(table.shape[0]), ids, out,
+                               np.int64(out.strides[0] // 4 if out.ndim == 2 else cols),
+                               np.int32(n_ids), np.int64(cols)), n_ids * cols)
+
+    def argmax_rows(self, x: Any, *, out: Any = None) -> "cp.ndarray":
+        """Row argmax of x [rows, n] (ties: lowest index) -> int32 [rows]."""
+        xa = self.as_device_array(x, "x")
+        if xa.ndim != 2:
+            raise ShapeError(f"x: expected 2-D [rows, n], found shape {list(xa.shape)}")
+        xa = self.f32_rows(xa, "x", *xa.shape)
+        if out is None:
+            out = self.empty(xa.shape[0], np.int32)
+        self.argmax_into(xa, out, xa.shape[0], xa.shape[1])
+        return out
+
+    def argmax_into(self, x: "cp.ndarray", out: "cp.ndarray", rows: int, n: int) -> None:
+        if rows:
+            self.launch("sampling", "argmax_rows", (rows,), 1024,
+                        (x, np.int64(x.strides[0] // 4), np.int32(n), out))
+
+    def softcap_inplace(self, x: "cp.ndarray", cap: float) -> None:
+        self._elementwise("softcap_inplace", (x, np.int64(x.size), np.float32(cap)), x.size)
+
+    # -- weight formats on the device ---------------------------------------------------------
+    def quantize(self, src: "cp.ndarray", fmt: str) -> GpuTensor:
+        """f32 or bf16-bits [N, K] device matrix -> GGML-exact q8_0 / q4_0 GpuTensor."""
+        n, k = src.shape
+        nblocks = n * (k // QK)
+        block_bytes = 34 if fmt == "q8_0" else 18
+        kind = "f32" if src.dtype == np.float32 else "bf16"
+        ggml = self.empty(nblocks * block_bytes, np.uint8)
+        grid = (min(65535 * 4, (nblocks + 255) // 256),)
+        self.launch("quant", f"quantize_{fmt}_from_{kind}", grid, 256,
+                    (src, ggml, np.int64(n), np.int64(k)))
+        return self.split_ggml(ggml, n, k, fmt)
+
+    def split_ggml(self, ggml: "cp.ndarray", n: int, k: int, fmt: str) -> GpuTensor:
+        """A GGML q8_0/q4_0 block stream on the device -> the split (aligned) GpuTensor layout."""
+        nblocks = n * (k // QK)
+        scales = self.empty((n, k // QK), np.uint16)
+        if fmt == "q8_0":
+            data = self.empty((n, k), np.int8)
+        else:
+            data = self.empty((n, k // 2), np.uint8)
+        self._elementwise(f"ggml_split_{fmt}", (ggml, data, scales, np.int64(nblocks)), nblocks)
+        return GpuTensor(fmt, n, k, data, scales)
+
+    def bf16_to_f32(self, bits: "cp.ndarray") -> "cp.ndarray":
+        with self.device, self.stream:
+            return (bits.astype(np.uint32) << 16).view(np.float32)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _elementwise(self, fn: str, args: tuple, n: int) -> None:
+        if n <= 0:
+            return
+        module = "quant" if fn.startswith("ggml_split") else "elementwise"
+        grid = (min(self.sm_count * 16, (n + 255) // 256),)
+        self.launch(module, fn, grid, 256, args)
+
+    def _out(self, out: Any, name: str, rows: int, cols: int) -> "cp.ndarray":
+        if out is None:
+            return self.empty((rows, cols), np.float32)
+        return self.f32_rows(out, name, rows, cols)
+
+    @staticmethod
+    def _check_f32(a: "cp.ndarray", name: str) -> None:
+        if a.dtype != np.float32:
+            raise ShapeError(f"{name}: dtype must be float32, found {a.dtype}")
+
+
+class AttentionScratch:
+    """Partial-result buffers of split-KV attention, sized once (no allocation per call)."""
+
+    def __init__(self, e: Engine, n_head: int, n_q: int, head_dim: int, max_splits: int = 64):
+        self.max_splits = max_splits
+        self.o_part = e.empty((max_splits, n_head, n_q, head_dim), np.float32)
+        self.ml_part = e.empty((max_splits, n_head, n_q, 2), np.float32)
+
+    @classmethod
+    def for_shape(cls, e: Engine, n_head: int, n_q: int, head_dim: int,
+                  n_keys: int) -> "AttentionScratch":
+        return cls(e, n_head, n_q, head_dim, max_splits=min(64, (n_keys + ATT_T - 1) // ATT_T))
+
+
+def _check_attention_geometry(n_head: int, n_kv: int, head_dim: int) -> None:
+    if n_kv < 1 or n_head % n_kv:
+        raise ShapeError(f"n_kv {n_kv} must divide n_head {n_head}")
+    if head_dim not in (16, 32, 64, 128, 256):
+        raise ShapeError(f"head_dim must be a power of two in [16, 256], found {head_dim}")
+    if n_head // n_kv > 128:
+        raise ShapeError(f"GQA group {n_head // n_kv} larger than 128 is not supported")
+
+
+def _host_int32(values: Any, name: str) -> np.ndarray:
+    a = np.asarray(values)
+    if a.dtype.kind not in "iu" and a.size:
+        raise ShapeError(f"{name}: expected integers, found dtype {a.dtype}")
+    a = a.reshape(-1).astype(np.int64)
+    if a.size and (a.min() < 0 or a.max() > np.iinfo(np.int32).max):
+        raise ShapeError(f"{name}: values must lie in [0, 2^31), found [{a.min()}, {a.max()}]")
+    return a.astype(np.int32)
+
+
+def _from_cuda_array_interface(obj: Any) -> "cp.ndarray":
+    cai = obj.__cuda_array_interface__
+    typestr = cai["typestr"]
+    dtype = np.dtype(np.uint16) if typestr[1:] in ("V2", "b2") else np.dtype(typestr)
+    if cai.get("strides") not in (None,):
+        expected = tuple(int(np.prod(cai["shape"][i + 1:])) * dtype.itemsize
+                         for i in range(len(cai["shape"])))
+        if tuple(cai["strides"]) != expected:
+            raise ShapeError("array: only C-contiguous __cuda_array_interface__ arrays are "
+                             "accepted")
+    size = int(np.prod(cai["shape"])) * dtype.itemsize
+    mem = cp.cuda.UnownedMemory(cai["data"][0], size, obj)
+    return cp.ndarray(tuple(cai["shape"]), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+
+def _null() -> "cp.ndarray | int":
+    """A null device pointer argument (CuPy accepts 0 for pointer parameters? no: use a tiny
+    array would be wrong) -- kernels test for nullptr, so pass a zero-sized pointer."""
+    return np.uintp(0)

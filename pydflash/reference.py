@@ -1,0 +1,264 @@
+"""The NumPy reference drafter: SPEC §3-§6 in plain NumPy, the oracle for every GPU kernel.
+
+Mirrors the GPU API without the engine argument. Everything runs in `dtype` (float32 by default,
+float64 on request), except the RoPE angles: like the z-lab torch reference they are float32
+products of a float32 position and a float32 inverse frequency, in both modes and on the GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .checkpoint import (CONF_B, CONF_W, GATE_B, GATE_W, JOINT_B, JOINT_W, MARKOV_W1, MARKOV_W2,
+                         Checkpoint)
+from .config import DflashCfg
+from .errors import CapacityError, ShapeError
+
+
+# -- primitives ------------------------------------------------------------------------------
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis (accumulated at least in float32)."""
+    acc = np.float64 if x.dtype == np.float64 else np.float32
+    ms = np.mean(np.square(x, dtype=acc), axis=-1, keepdims=True, dtype=acc)
+    return (x / np.sqrt(ms + acc(eps))).astype(x.dtype) * w
+
+
+def rope_inv_freq(head_dim: int, theta: float, scale: float = 1.0) -> np.ndarray:
+    """inv_freq_j = theta^(-2j/hd) as float32, computed like torch: 1 / theta**(2j/hd)."""
+    exponent = (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32)
+                / np.float32(head_dim))
+    inv = np.float32(1.0) / np.power(np.float32(theta), exponent, dtype=np.float32)
+    return (inv / np.float32(scale)).astype(np.float32)
+
+
+def rope_neox(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE on x [rows, n_heads, hd] at absolute positions pos [rows]."""
+    half = x.shape[-1] // 2
+    angle = np.asarray(pos, dtype=np.float32)[:, None] * inv_freq[None, :]   # float32 products
+    cos = np.cos(angle.astype(x.dtype))[:, None, :]
+    sin = np.sin(angle.astype(x.dtype))[:, None, :]
+    lo, hi = x[..., :half], x[..., half:]
+    return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1).astype(x.dtype)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos_q: np.ndarray,
+              pos_k: np.ndarray, window: int | None) -> np.ndarray:
+    """Non-causal GQA attention. q [m, nh, hd]; k, v [n, nkv, hd] -> [m, nh*hd].
+
+    Query at position p sees key at position j iff window is None or |p - j| <= window - 1.
+    """
+    m, nh, hd = q.shape
+    nkv = k.shape[1]
+    group = nh // nkv
+    kk = np.repeat(k, group, axis=1)                 # [n, nh, hd]: head h uses kv head h//group
+    vv = np.repeat(v, group, axis=1)
+    scores = np.einsum("mhd,nhd->hmn", q, kk) * q.dtype.type(hd ** -0.5)
+    if window is not None:
+        dist = np.abs(np.asarray(pos_q, np.int64)[:, None] - np.asarray(pos_k, np.int64)[None, :])
+        scores = np.where((dist <= window - 1)[None], scores, -np.inf)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("hmn,nhd->mhd", p, vv).reshape(m, nh * hd)
+
+
+# -- the KV cache ----------------------------------------------------------------------------
+class ReferenceKv:
+    """Per layer the normed+roped K and raw V of committed ctx rows, plus their positions."""
+
+    def __init__(self, cfg: DflashCfg, cap: int, dtype: type = np.float32) -> None:
+        if cap < 0:
+            raise CapacityError(f"cap must be >= 0, found {cap}")
+        self.cfg, self.cap, self.len = cfg, int(cap), 0
+        self.k = [np.zeros((cap, cfg.n_kv, cfg.head_dim), dtype) for _ in range(cfg.n_layer)]
+        self.v = [np.zeros((cap, cfg.n_kv, cfg.head_dim), dtype) for _ in range(cfg.n_layer)]
+        self.pos = np.zeros(cap, np.int64)
+
+
+@dataclasses.dataclass
+class DraftResult:
+    """Draft tokens for the layout's draft rows, with what the verifier may need."""
+    tokens: np.ndarray                  # int64 [n_drafts]
+    probs: np.ndarray | None = None     # [n_drafts, V] sampling distributions (temperature > 0)
+    confidence: np.ndarray | None = None  # c_k per draft
+    survival: np.ndarray | None = None    # a_k = prod_{i<=k} c_i
+
+
+# -- the drafter -----------------------------------------------------------------------------
+class ReferenceDraft:
+    def __init__(self, cfg: DflashCfg, weights: Mapping[str, np.ndarray],
+                 dtype: type = np.float32) -> None:
+        self.cfg, self.dtype = cfg, np.dtype(dtype)
+        self.w = {name: np.asarray(a, dtype=self.dtype) for name, a in weights.items()}
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scale)
+
+    @classmethod
+    def load(cls, ckpt_dir: str | Path, dtype: type = np.float32) -> "ReferenceDraft":
+        ckpt = Checkpoint.open(ckpt_dir)
+        return cls(ckpt.cfg, {n: ckpt.read(n) for n in ckpt.tensors}, dtype)
+
+    # -- input checks --------------------------------------------------------------------
+    def _rows(self, name: str, a: np.ndarray, rows: int, cols: int) -> np.ndarray:
+        a = np.asarray(a, dtype=self.dtype)
+        if a.size != rows * cols:
+            raise ShapeError(f"{name}: expected {rows}x{cols} = {rows * cols} values, "
+                             f"found shape {list(a.shape)}")
+        return a.reshape(rows, cols)
+
+    def _positions(self, name: str, pos: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
+        p = np.asarray(pos, dtype=np.int64).reshape(-1)
+        if p.size != n:
+            raise ShapeError(f"{name}: expected {n} positions, found {p.size}")
+        return p
+
+    # -- the data flow, top to bottom ----------------------------------------------------
+    def ctx_features(self, taps: np.ndarray, t: int) -> np.ndarray:
+        """hidden_norm(fc(taps)): taps [t, n_taps*hidden] -> [t, hidden]."""
+        c = self.cfg
+        x = self._rows("taps", taps, t, c.n_taps * c.hidden)
+        return rms_norm(x @ self.w["fc.weight"].T, self.w["hidden_norm.weight"], c.eps)
+
+    def _ctx_kv(self, layer: int, feats: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, ...]:
+        """K (k_norm + rope) and V of ctx rows; the ctx rows skip input_layernorm."""
+        c, p = self.cfg, f"layers.{layer}.self_attn."
+        k = (feats @ self.w[p + "k_proj.weight"].T).reshape(-1, c.n_kv, c.head_dim)
+        k = rope_neox(rms_norm(k, self.w[p + "k_norm.weight"], c.eps), pos, self.inv_freq)
+        v = (feats @ self.w[p + "v_proj.weight"].T).reshape(-1, c.n_kv, c.head_dim)
+        return k, v
+
+    def _layer(self, layer: int, x: np.ndarray, pos_block: np.ndarray, k_ctx: np.ndarray,
+               v_ctx: np.ndarray, pos_ctx: np.ndarray) -> np.ndarray:
+        c, p = self.cfg, f"layers.{layer}."
+        w = self.w
+        xn = rms_norm(x, w[p + "input_layernorm.weight"], c.eps)
+        q = (xn @ w[p + "self_attn.q_proj.weight"].T).reshape(-1, c.n_head, c.head_dim)
+        q = rope_neox(rms_norm(q, w[p + "self_attn.q_norm.weight"], c.eps), pos_block,
+                      self.inv_freq)
+        k_blk, v_blk = self._ctx_kv(layer, xn, pos_block)   # block rows: same K/V program
+        k = np.concatenate([k_ctx, k_blk])
+        v = np.concatenate([v_ctx, v_blk])
+        pos_k = np.concatenate([pos_ctx, pos_block])
+        a = attention(q, k, v, pos_block, pos_k, c.window_of(layer))
+        x = x + a @ w[p + "self_attn.o_proj.weight"].T
+        n = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps)
+        ff = silu(n @ w[p + "mlp.gate_proj.weight"].T) * (n @ w[p + "mlp.up_proj.weight"].T)
+        return x + ff @ w[p + "mlp.down_proj.weight"].T
+
+    def forward(self, target_hidden: np.ndarray, noise_emb: np.ndarray,
+                pos: Sequence[int] | np.ndarray, ctx: int) -> np.ndarray:
+        """Taps of ctx rows + block embeddings -> normed block hidden [b, hidden]."""
+        return self.forward_block(self.ctx_features(target_hidden, ctx), noise_emb, pos, ctx)
+
+    def forward_block(self, ctx_f: np.ndarray, noise_emb: np.ndarray,
+                      pos: Sequence[int] | np.ndarray, ctx: int) -> np.ndarray:
+        """Block forward over precomputed ctx features; pos = ctx positions then block ones."""
+        c, b = self.cfg, self.cfg.block_size
+        feats = self._rows("ctx_f", ctx_f, ctx, c.hidden)
+        x = self._rows("noise_emb", noise_emb, b, c.hidden)
+        p = self._positions("pos", pos, ctx + b)
+        for layer in range(c.n_layer):
+            k, v = self._ctx_kv(layer, feats, p[:ctx])
+            x = self._layer(layer, x, p[ctx:], k, v, p[:ctx])
+        return rms_norm(x, self.w["norm.weight"], c.eps)
+
+    def ingest_ctx(self, kv: ReferenceKv, feats: np.ndarray, pos_new: Sequence[int] | np.ndarray,
+                   t: int) -> None:
+        """Append t committed ctx rows' K/V at kv.len (all checks before any write)."""
+        c = self.cfg
+        f = self._rows("feats", feats, t, c.hidden)
+        p = self._positions("pos_new", pos_new, t)
+        if kv.len + t > kv.cap:
+            raise CapacityError(f"ingest_ctx: {t} rows at len {kv.len} exceed cap {kv.cap}")
+        new = [self._ctx_kv(layer, f, p) for layer in range(c.n_layer)]
+        for layer, (k, v) in enumerate(new):
+            kv.k[layer][kv.len:kv.len + t] = k
+            kv.v[layer][kv.len:kv.len + t] = v
+        kv.pos[kv.len:kv.len + t] = p
+        kv.len += t
+
+    def forward_round(self, kv: ReferenceKv, noise_emb: np.ndarray,
+                      pos_block: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Block forward over the cached ctx K/V; the block's own K/V are never committed."""
+        c, b = self.cfg, self.cfg.block_size
+        x = self._rows("noise_emb", noise_emb, b, c.hidden)
+        p = self._positions("pos_block", pos_block, b)
+        n = kv.len
+        for layer in range(c.n_layer):
+            x = self._layer(layer, x, p, kv.k[layer][:n], kv.v[layer][:n], kv.pos[:n])
+        return rms_norm(x, self.w["norm.weight"], c.eps)
+
+    # -- logits -> draft tokens ------------------------------------------------------------
+    def markov_bias(self, prev: int, h: np.ndarray, state: np.ndarray | None
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """W2-projected bias for one slot given the previous realised token (SPEC §6)."""
+        c, w = self.cfg, self.w
+        e = w[MARKOV_W1][prev]
+        if c.markov_type == "vanilla":
+            return w[MARKOV_W2] @ e, state
+        if c.markov_type == "gated":
+            g = sigmoid(w[GATE_W] @ np.concatenate([h, e]) + w[GATE_B])
+            return w[MARKOV_W2] @ (g * e), state
+        r = c.markov_rank
+        z = w[JOINT_W] @ np.concatenate([state, e, h]) + w[JOINT_B]
+        gate, cand, out = sigmoid(z[:r]), np.tanh(z[r:2 * r]), z[2 * r:]
+        state = gate * state + (1 - gate) * cand
+        return w[MARKOV_W2] @ np.tanh(out), state
+
+    def draft(self, hidden: np.ndarray, lm_head: np.ndarray, last: int, *,
+              logit_softcap: float | None = None, temperature: float = 0.0,
+              rng: np.random.Generator | None = None) -> DraftResult:
+        """Draft tokens for the layout's rows, the Markov chain running left to right."""
+        c = self.cfg
+        h = self._rows("hidden", hidden, c.block_size, c.hidden)
+        lm = np.asarray(lm_head, dtype=self.dtype)
+        if lm.ndim != 2 or lm.shape[1] != c.hidden:
+            raise ShapeError(f"lm_head: expected [V, {c.hidden}], found {list(lm.shape)}")
+        if temperature < 0:
+            raise ShapeError(f"temperature must be >= 0, found {temperature}")
+        if temperature > 0 and rng is None:
+            rng = np.random.default_rng()
+        rows = c.draft_rows()
+        tokens = np.zeros(len(rows), np.int64)
+        probs = np.zeros((len(rows), lm.shape[0]), self.dtype) if temperature > 0 else None
+        conf = np.zeros(len(rows), self.dtype) if c.confidence_head else None
+        prev = int(last)
+        state = np.zeros(c.markov_rank, self.dtype) if c.markov_type == "rnn" else None
+        for i, r in enumerate(rows):
+            logits = lm @ h[r]
+            if logit_softcap is not None:
+                logits = np.tanh(logits / logit_softcap) * logit_softcap
+            if c.has_markov:
+                bias, state = self.markov_bias(prev, h[r], state)
+                logits = logits + bias
+            if conf is not None:
+                feat = (np.concatenate([h[r], self.w[MARKOV_W1][prev]])
+                        if c.confidence_with_markov else h[r])
+                conf[i] = sigmoid(self.w[CONF_W][0] @ feat + self.w[CONF_B][0])
+            if temperature > 0:
+                z = logits / temperature
+                pr = np.exp(z - z.max())
+                pr /= pr.sum()
+                probs[i] = pr
+                p64 = pr.astype(np.float64)      # renormalised in float64: numpy's check
+                tok = int(rng.choice(len(p64), p=p64 / p64.sum()))   # is ~1e-8 tight
+            else:
+                tok = int(np.argmax(logits))   # ties: the lowest index
+            tokens[i] = prev = tok
+        survival = np.cumprod(conf) if conf is not None else None
+        return DraftResult(tokens, probs, conf, survival)
+
+    def draft_tokens(self, hidden: np.ndarray, lm_head: np.ndarray, last: int, *,
+                     logit_softcap: float | None = None) -> np.ndarray:
+        """Greedy draft tokens for the layout's draft rows (int64)."""
+        return self.draft(hidden, lm_head, last, logit_softcap=logit_softcap).tokens

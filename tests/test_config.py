@@ -1,0 +1,585 @@
+"""DflashCfg parsing: every config.json shape of SPEC section 2, and every way it can be wrong."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from pydflash.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
+from pydflash.errors import ConfigError, PydflashError
+
+
+# --------------------------------------------------------------------------- config shapes
+
+def zlab_nested() -> dict:
+    """A z-lab Qwen3-8B-DFlash-b16 style config: block_size on top, the rest in dflash_config."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 5,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "vocab_size": 151936,
+        "block_size": 16,
+        "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+    }
+
+
+def flat() -> dict:
+    raw = zlab_nested()
+    nested = raw.pop("dflash_config")
+    raw.update(nested)
+    return raw
+
+
+def dspark_flat() -> dict:
+    """A DeepSpec DSpark (dspark_qwen3_8b_block7) style flat config."""
+    raw = flat()
+    raw.update({
+        "architectures": ["Qwen3DSparkModel"],
+        "block_size": 7,
+        "markov_rank": 256,
+        "markov_head_type": "vanilla",
+        "enable_confidence_head": True,
+        "confidence_head_with_markov": True,
+    })
+    return raw
+
+
+def write_cfg(tmp_path, raw, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(raw))
+    return path
+
+
+# --------------------------------------------------------------------------- accepted shapes
+
+def test_zlab_nested_config():
+    cfg = DflashCfg.from_dict(zlab_nested())
+    assert (cfg.hidden, cfg.n_head, cfg.n_kv, cfg.head_dim) == (4096, 32, 8, 128)
+    assert (cfg.n_ff, cfg.n_layer) == (12288, 5)
+    assert cfg.eps == pytest.approx(1e-6)
+    assert cfg.rope_theta == 1000000.0 and cfg.rope_scale == 1.0
+    assert cfg.block_size == 16
+    assert cfg.mask_token_id == 151669
+    assert cfg.target_layer_ids == (1, 9, 17, 25, 33)
+    assert cfg.vocab_size == 151936
+    assert cfg.sliding_window is None
+    assert cfg.layer_sliding == (False,) * 5
+    assert cfg.markov_type is None and cfg.markov_rank == 0 and not cfg.has_markov
+    assert not cfg.confidence_head and not cfg.confidence_with_markov
+    assert cfg.layout == BONUS_ANCHOR
+    assert cfg.architectures == ("DFlashDraftModel",)
+
+
+def test_flat_config_equals_nested():
+    assert DflashCfg.from_dict(flat()) == DflashCfg.from_dict(zlab_nested())
+
+
+def test_top_level_key_wins_over_nested():
+    raw = zlab_nested()
+    raw["mask_token_id"] = 7
+    assert DflashCfg.from_dict(raw).mask_token_id == 7
+
+
+def test_dspark_flat_config():
+    cfg = DflashCfg.from_dict(dspark_flat())
+    assert cfg.block_size == 7
+    assert cfg.markov_type == "vanilla" and cfg.markov_rank == 256 and cfg.has_markov
+    assert cfg.confidence_head and cfg.confidence_with_markov
+    assert cfg.layout == SAMPLE_FROM_ANCHOR
+    assert cfg.draft_rows() == range(7)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_markov_head_types(kind):
+    raw = dspark_flat()
+    raw["markov_head_type"] = kind
+    raw["markov_rank"] = 32
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.markov_type == kind and cfg.markov_rank == 32
+
+
+def test_markov_rank_without_type_means_vanilla():
+    raw = flat()
+    raw["markov_rank"] = 64
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.markov_type == "vanilla" and cfg.markov_rank == 64
+
+
+def test_confidence_with_markov_needs_a_markov_head():
+    raw = flat()
+    raw.update(enable_confidence_head=True, confidence_head_with_markov=True)
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.confidence_head
+    assert not cfg.confidence_with_markov
+
+
+def test_head_dim_absent_is_hidden_over_heads():
+    raw = flat()
+    del raw["head_dim"]
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.head_dim == 4096 // 32 == 128
+
+
+def test_head_dim_present_and_different_from_hidden_over_heads():
+    # Qwen3-4B: hidden 2560, 32 heads of 128 (not 80), 8 kv heads
+    raw = flat()
+    raw.update(hidden_size=2560, intermediate_size=9728)
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.head_dim == 128
+    assert cfg.q_dim == 32 * 128 == 4096
+    assert cfg.kv_dim == 8 * 128 == 1024
+    assert cfg.n_taps == 5
+
+
+def test_derived_dims_small():
+    raw = flat()
+    raw.update(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               target_layer_ids=[2, 4], vocab_size=None, mask_token_id=3)
+    cfg = DflashCfg.from_dict(raw)
+    assert (cfg.n_taps, cfg.q_dim, cfg.kv_dim) == (2, 64, 32)
+
+
+def test_num_key_value_heads_defaults_to_heads():
+    raw = flat()
+    del raw["num_key_value_heads"]
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.n_kv == 32 and cfg.kv_dim == cfg.q_dim
+
+
+def test_eps_default():
+    raw = flat()
+    del raw["rms_norm_eps"]
+    assert DflashCfg.from_dict(raw).eps == pytest.approx(1e-6)
+    raw["rms_norm_eps"] = 1e-5
+    assert DflashCfg.from_dict(raw).eps == pytest.approx(1e-5)
+
+
+# --------------------------------------------------------------------------- RoPE
+
+@pytest.mark.parametrize("key", ["rope_parameters", "rope_scaling"])
+def test_rope_theta_inside_rope_dict(key):
+    raw = flat()
+    del raw["rope_theta"]
+    raw[key] = {"rope_type": "default", "rope_theta": 500000.0}
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.rope_theta == 500000.0
+    assert cfg.rope_scale == 1.0
+
+
+def test_rope_linear_factor_becomes_rope_scale():
+    raw = flat()
+    raw["rope_scaling"] = {"type": "linear", "factor": 4.0}
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.rope_theta == 1000000.0
+    assert cfg.rope_scale == 4.0
+
+
+def test_rope_linear_in_rope_parameters_with_theta():
+    raw = flat()
+    del raw["rope_theta"]
+    raw["rope_parameters"] = {"rope_type": "linear", "factor": 2.5, "rope_theta": 10000.0}
+    cfg = DflashCfg.from_dict(raw)
+    assert (cfg.rope_theta, cfg.rope_scale) == (10000.0, 2.5)
+
+
+def test_rope_linear_without_factor_is_an_error():
+    raw = flat()
+    raw["rope_scaling"] = {"rope_type": "linear"}
+    with pytest.raises(ConfigError, match="factor"):
+        DflashCfg.from_dict(raw)
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+@pytest.mark.parametrize("rope_type", ["yarn", "llama3", "dynamic"])
+def test_unimplemented_rope_type_is_an_error(key, rope_type):
+    raw = flat()
+    raw[key] = {"rope_type": rope_type, "factor": 4.0, "rope_theta": 10000.0}
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_dict(raw)
+    msg = str(ei.value)
+    assert key in msg
+    assert rope_type in msg
+    assert "not implemented" in msg
+
+
+def test_rope_theta_missing_everywhere():
+    raw = flat()
+    del raw["rope_theta"]
+    raw["rope_scaling"] = {"rope_type": "default"}
+    with pytest.raises(ConfigError, match="rope_theta"):
+        DflashCfg.from_dict(raw)
+
+
+# --------------------------------------------------------------------------- sliding window
+
+def test_layer_types_with_sliding_window():
+    raw = flat()
+    raw["layer_types"] = ["sliding_attention"] * 4 + ["full_attention"]
+    raw["sliding_window"] = 1024
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.sliding_window == 1024
+    assert cfg.layer_sliding == (True, True, True, True, False)
+    assert [cfg.window_of(i) for i in range(5)] == [1024, 1024, 1024, 1024, None]
+
+
+def test_no_layer_types_means_all_full():
+    raw = flat()
+    raw["sliding_window"] = 4096  # present but no layer slides: ignored
+    raw["use_sliding_window"] = False
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.layer_sliding == (False,) * 5
+    assert all(cfg.window_of(i) is None for i in range(5))
+
+
+def test_all_full_layer_types():
+    raw = flat()
+    raw["layer_types"] = ["full_attention"] * 5
+    cfg = DflashCfg.from_dict(raw)
+    assert all(cfg.window_of(i) is None for i in range(5))
+
+
+def test_sliding_layers_without_window_is_an_error():
+    raw = flat()
+    raw["layer_types"] = ["sliding_attention"] + ["full_attention"] * 4
+    with pytest.raises(ConfigError, match="sliding_window"):
+        DflashCfg.from_dict(raw)
+
+
+def test_layer_types_length_mismatch():
+    raw = flat()
+    raw["layer_types"] = ["full_attention"] * 3
+    raw["sliding_window"] = 8
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_dict(raw)
+    msg = str(ei.value)
+    assert "layer_types" in msg and "3" in msg and "5" in msg
+
+
+def test_layer_types_unknown_entry():
+    raw = flat()
+    raw["layer_types"] = ["full_attention"] * 4 + ["chunked_attention"]
+    with pytest.raises(ConfigError, match="layer_types"):
+        DflashCfg.from_dict(raw)
+
+
+# --------------------------------------------------------------------------- layout
+
+@pytest.mark.parametrize("arch", [["DFlashDraftModel"], ["Qwen3DSparkModel"], []])
+@pytest.mark.parametrize("value, layout", [(True, BONUS_ANCHOR), (False, SAMPLE_FROM_ANCHOR)])
+def test_explicit_dspark_bonus_anchor_wins(arch, value, layout):
+    raw = flat()
+    raw["architectures"] = arch
+    raw["dspark_bonus_anchor"] = value
+    assert DflashCfg.from_dict(raw).layout == layout
+
+
+@pytest.mark.parametrize("arch", [["DFlashDraftModel"], ["Qwen3DSparkModel"], []])
+@pytest.mark.parametrize("value, layout", [(True, SAMPLE_FROM_ANCHOR), (False, BONUS_ANCHOR)])
+def test_explicit_sample_from_anchor_wins(arch, value, layout):
+    raw = flat()
+    raw["architectures"] = arch
+    raw["sample_from_anchor"] = value
+    assert DflashCfg.from_dict(raw).layout == layout
+
+
+@pytest.mark.parametrize("bonus, sample, layout", [(True, False, BONUS_ANCHOR),
+                                                   (False, True, SAMPLE_FROM_ANCHOR)])
+def test_both_explicit_and_consistent(bonus, sample, layout):
+    raw = flat()
+    raw.update(dspark_bonus_anchor=bonus, sample_from_anchor=sample)
+    assert DflashCfg.from_dict(raw).layout == layout
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_contradicting_layout_keys_are_an_error(value):
+    raw = flat()
+    raw.update(dspark_bonus_anchor=value, sample_from_anchor=value)
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_dict(raw)
+    assert "sample_from_anchor" in str(ei.value) and "dspark_bonus_anchor" in str(ei.value)
+
+
+def test_layout_key_must_be_bool():
+    raw = flat()
+    raw["sample_from_anchor"] = "yes"
+    with pytest.raises(ConfigError, match="sample_from_anchor"):
+        DflashCfg.from_dict(raw)
+
+
+def test_dspark_architecture_means_sample_from_anchor():
+    raw = flat()
+    raw["architectures"] = ["Qwen3DSparkModel"]
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.layout == SAMPLE_FROM_ANCHOR
+    assert cfg.draft_rows() == range(16)
+
+
+def test_dflash_architecture_with_markov_head_means_bonus_anchor():
+    # the 16-slot Gemma DSpark retrain: a DFlash architecture carrying a Markov head
+    raw = flat()
+    raw.update(architectures=["DFlashDraftModel"], markov_rank=256, markov_head_type="vanilla")
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.has_markov
+    assert cfg.layout == BONUS_ANCHOR
+    assert cfg.draft_rows() == range(1, 16)
+
+
+def test_no_architectures_means_bonus_anchor():
+    raw = flat()
+    del raw["architectures"]
+    assert DflashCfg.from_dict(raw).layout == BONUS_ANCHOR
+
+
+@pytest.mark.parametrize("layout, rows", [(BONUS_ANCHOR, [1, 2, 3, 4, 5, 6]),
+                                          (SAMPLE_FROM_ANCHOR, [0, 1, 2, 3, 4, 5, 6])])
+def test_draft_rows_per_layout(layout, rows):
+    raw = dspark_flat()
+    raw["sample_from_anchor"] = layout == SAMPLE_FROM_ANCHOR
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.layout == layout
+    assert list(cfg.draft_rows()) == rows
+
+
+# --------------------------------------------------------------------------- from_json / load
+
+def test_from_json_and_load(tmp_path):
+    path = write_cfg(tmp_path, zlab_nested())
+    a = DflashCfg.from_json(path)
+    b = DflashCfg.from_json(str(path))
+    c = DflashCfg.load(tmp_path)
+    assert a == b == c == DflashCfg.from_dict(zlab_nested())
+
+
+REQUIRED_TOP = ["hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",
+                "block_size", "rope_theta"]
+REQUIRED_NESTED = ["mask_token_id", "target_layer_ids"]
+
+
+@pytest.mark.parametrize("key", REQUIRED_TOP + REQUIRED_NESTED)
+@pytest.mark.parametrize("shape", ["nested", "flat"])
+def test_missing_required_key_names_key_and_file(tmp_path, key, shape):
+    raw = zlab_nested() if shape == "nested" else flat()
+    if shape == "nested" and key in REQUIRED_NESTED:
+        del raw["dflash_config"][key]
+    else:
+        del raw[key]
+    path = write_cfg(tmp_path, raw)
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_json(path)
+    msg = str(ei.value)
+    assert f"{key}: missing" in msg
+    assert str(path) in msg
+    with pytest.raises(ConfigError, match=key):
+        DflashCfg.load(tmp_path)
+
+
+def test_required_key_set_to_null_counts_as_missing(tmp_path):
+    raw = flat()
+    raw["intermediate_size"] = None
+    with pytest.raises(ConfigError, match="intermediate_size: missing"):
+        DflashCfg.from_json(write_cfg(tmp_path, raw))
+
+
+def test_all_problems_in_one_message(tmp_path):
+    raw = zlab_nested()
+    del raw["hidden_size"]
+    del raw["block_size"]
+    del raw["dflash_config"]["target_layer_ids"]
+    raw["num_hidden_layers"] = "five"
+    raw["rms_norm_eps"] = -1.0
+    path = write_cfg(tmp_path, raw)
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_json(path)
+    msg = str(ei.value)
+    assert str(path) in msg
+    assert "5 problem(s)" in msg
+    for key in ("hidden_size", "block_size", "target_layer_ids", "num_hidden_layers",
+                "rms_norm_eps"):
+        assert key in msg, key
+    assert "'five'" in msg
+
+
+def test_from_dict_names_its_source():
+    raw = flat()
+    del raw["block_size"]
+    with pytest.raises(ConfigError, match=r"(?s)^my-ckpt/config.json: .*block_size: missing"):
+        DflashCfg.from_dict(raw, source="my-ckpt/config.json")
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("hidden_size", "4096", "must be an integer"),
+    ("hidden_size", True, "must be an integer"),
+    ("hidden_size", 4096.5, "must be an integer"),
+    ("num_attention_heads", [32], "must be an integer"),
+    ("num_hidden_layers", -1, "must be >= 1"),
+    ("num_hidden_layers", 0, "must be >= 1"),
+    ("intermediate_size", False, "must be an integer"),
+    ("block_size", 0, "must be >= 1"),
+    ("mask_token_id", -1, "must be >= 0"),
+    ("mask_token_id", "151669", "must be an integer"),
+    ("target_layer_ids", [], "non-empty list"),
+    ("target_layer_ids", [1, "9"], "non-empty list"),
+    ("target_layer_ids", [1, -9], "non-empty list"),
+    ("target_layer_ids", [True, 2], "non-empty list"),
+    ("target_layer_ids", 5, "non-empty list"),
+    ("rope_theta", "1e6", "finite number"),
+    ("rope_theta", -10000.0, "must be > 0"),
+    ("rope_theta", True, "finite number"),
+    ("rms_norm_eps", 0, "must be > 0"),
+    ("num_key_value_heads", 0, "must be >= 1"),
+    ("head_dim", -128, "must be >= 1"),
+    ("enable_confidence_head", "true", "true or false"),
+    ("enable_confidence_head", 1, "true or false"),
+    ("markov_head_type", "lstm", "must be one of"),
+    ("markov_rank", -4, "must be >= 0"),
+    ("architectures", "Qwen3DSparkModel", "list of strings"),
+    ("dflash_config", [1, 2], "must be an object"),
+    ("rope_scaling", "linear", "must be an object"),
+    ("vocab_size", 0, "must be >= 1"),
+])
+def test_wrong_types_and_values(tmp_path, key, value, fragment):
+    raw = flat()
+    raw[key] = value
+    path = write_cfg(tmp_path, raw)
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_json(path)
+    msg = str(ei.value)
+    assert key in msg
+    assert fragment in msg
+    assert str(path) in msg
+
+
+def test_integral_float_is_accepted():
+    raw = flat()
+    raw["hidden_size"] = 4096.0
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.hidden == 4096 and isinstance(cfg.hidden, int)
+
+
+def test_markov_type_without_rank_is_an_error():
+    raw = flat()
+    raw["markov_head_type"] = "gated"
+    with pytest.raises(ConfigError, match="markov_rank"):
+        DflashCfg.from_dict(raw)
+
+
+def test_mask_token_id_must_be_below_vocab():
+    raw = flat()
+    raw["mask_token_id"] = 151936
+    with pytest.raises(ConfigError, match="mask_token_id.*vocab_size"):
+        DflashCfg.from_dict(raw)
+
+
+def test_heads_not_divisible_by_kv_heads():
+    raw = flat()
+    raw["num_key_value_heads"] = 5
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_dict(raw)
+    assert "num_key_value_heads" in str(ei.value) and "32" in str(ei.value)
+
+
+def test_odd_head_dim():
+    raw = flat()
+    raw["head_dim"] = 127
+    with pytest.raises(ConfigError, match="head_dim.*even.*127"):
+        DflashCfg.from_dict(raw)
+
+
+def test_odd_head_dim_derived():
+    raw = flat()
+    del raw["head_dim"]
+    raw.update(hidden_size=96, num_attention_heads=32, num_key_value_heads=8)  # 96/32 = 3
+    with pytest.raises(ConfigError, match="head_dim"):
+        DflashCfg.from_dict(raw)
+
+
+def test_head_dim_absent_and_hidden_not_divisible():
+    raw = flat()
+    del raw["head_dim"]
+    raw["hidden_size"] = 4100
+    with pytest.raises(ConfigError, match="head_dim.*4100.*32"):
+        DflashCfg.from_dict(raw)
+
+
+def test_use_sliding_window_without_layer_types():
+    raw = flat()
+    raw["use_sliding_window"] = True
+    raw["sliding_window"] = 4096
+    with pytest.raises(ConfigError, match="use_sliding_window"):
+        DflashCfg.from_dict(raw)
+
+
+# --------------------------------------------------------------------------- unreadable files
+
+def test_invalid_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": 4096,,}')
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_json(path)
+    assert str(path) in str(ei.value) and "not valid JSON" in str(ei.value)
+
+
+def test_truncated_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(flat())[:-10])
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        DflashCfg.from_json(path)
+
+
+def test_binary_garbage_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xff\xfe\x00\x81garbage\xc3")
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_json(path)
+    assert str(path) in str(ei.value)
+
+
+@pytest.mark.parametrize("text, found", [("[1, 2]", "list"), ('"hello"', "str"),
+                                         ("42", "int"), ("null", "NoneType")])
+def test_non_object_json(tmp_path, text, found):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_json(path)
+    msg = str(ei.value)
+    assert str(path) in msg and "JSON object" in msg and found in msg
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope" / "config.json"
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_json(path)
+    assert str(path) in str(ei.value)
+    with pytest.raises(ConfigError, match="cannot read"):
+        DflashCfg.load(tmp_path)
+
+
+def test_config_path_is_a_directory(tmp_path):
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(ConfigError, match="cannot read"):
+        DflashCfg.load(tmp_path)
+
+
+def test_config_error_is_a_pydflash_value_error():
+    assert issubclass(ConfigError, PydflashError) and issubclass(ConfigError, ValueError)
+
+
+def test_from_dict_does_not_mutate_input():
+    raw = zlab_nested()
+    before = copy.deepcopy(raw)
+    DflashCfg.from_dict(raw)
+    assert raw == before
+
+
+def test_cfg_is_frozen():
+    cfg = DflashCfg.from_dict(flat())
+    with pytest.raises(Exception):
+        cfg.hidden = 1  # type: ignore[misc]

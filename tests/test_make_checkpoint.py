@@ -1,0 +1,414 @@
+"""Tests of tools/make_checkpoint.py (tiny presets only: every test runs in milliseconds)."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # so plain `pytest` from anywhere finds tools/
+    sys.path.insert(0, str(REPO))
+
+from tools.make_checkpoint import PRESETS, checkpoint_plan, make_checkpoint, to_bf16
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def load_dir(path):
+    """name -> array over model.safetensors or every shard named by the index."""
+    path = Path(path)
+    idx = path / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(idx.read_text())["weight_map"].values()))
+        if idx.exists()
+        else ["model.safetensors"]
+    )
+    out = {}
+    for fname in files:
+        with safe_open(str(path / fname), framework="np") as f:
+            for k in f.keys():
+                assert k not in out, f"{k} in two files"
+                out[k] = f.get_tensor(k)
+    return out
+
+
+def expected_shapes(g, markov=None, confidence=False, with_markov=True, embed=False, lm_head=False):
+    """The SPEC section 2 name/shape list, written out independently of the tool."""
+    h, nh, nkv, hd, ff, v = g["hidden"], g["n_head"], g["n_kv"], g["head_dim"], g["n_ff"], g["vocab"]
+    r = g["markov_rank"]
+    e = {
+        "fc.weight": (h, len(g["target_layer_ids"]) * h),
+        "hidden_norm.weight": (h,),
+        "norm.weight": (h,),
+    }
+    for i in range(g["n_layer"]):
+        e.update(
+            {
+                f"layers.{i}.self_attn.q_proj.weight": (nh * hd, h),
+                f"layers.{i}.self_attn.k_proj.weight": (nkv * hd, h),
+                f"layers.{i}.self_attn.v_proj.weight": (nkv * hd, h),
+                f"layers.{i}.self_attn.o_proj.weight": (h, nh * hd),
+                f"layers.{i}.self_attn.q_norm.weight": (hd,),
+                f"layers.{i}.self_attn.k_norm.weight": (hd,),
+                f"layers.{i}.mlp.gate_proj.weight": (ff, h),
+                f"layers.{i}.mlp.up_proj.weight": (ff, h),
+                f"layers.{i}.mlp.down_proj.weight": (h, ff),
+                f"layers.{i}.input_layernorm.weight": (h,),
+                f"layers.{i}.post_attention_layernorm.weight": (h,),
+            }
+        )
+    if markov:
+        e["markov_head.markov_w1.weight"] = (v, r)
+        e["markov_head.markov_w2.weight"] = (v, r)
+        if markov == "gated":
+            e["markov_head.gate_proj.weight"] = (r, h + r)
+            e["markov_head.gate_proj.bias"] = (r,)
+        if markov == "rnn":
+            e["markov_head.joint_proj.weight"] = (3 * r, 2 * r + h)
+            e["markov_head.joint_proj.bias"] = (3 * r,)
+    if confidence:
+        e["confidence_head.proj.weight"] = (1, h + (r if markov and with_markov else 0))
+        e["confidence_head.proj.bias"] = (1,)
+    if embed:
+        e["embed_tokens.weight"] = (v, h)
+    if lm_head:
+        e["lm_head.weight"] = (v, h)
+    return e
+
+
+def check_tensors(path, expected):
+    got = load_dir(path)
+    assert set(got) == set(expected)
+    for k, shape in expected.items():
+        assert got[k].shape == tuple(shape), k
+        assert got[k].dtype == BF16, k
+    return got
+
+
+def cfg_of(path):
+    return json.loads((Path(path) / "config.json").read_text())
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_nested_config(tmp_path):
+    c = cfg_of(make_checkpoint(tmp_path / "c", "tiny"))
+    assert c["architectures"] == ["DFlashDraftModel"]
+    assert c["model_type"] == "qwen3"
+    assert c["block_size"] == 8
+    assert c["dflash_config"] == {"mask_token_id": 255, "target_layer_ids": [1, 3, 5]}
+    assert "mask_token_id" not in c and "target_layer_ids" not in c
+    assert c["hidden_size"] == 64 and c["num_attention_heads"] == 4
+    assert c["num_key_value_heads"] == 2 and c["head_dim"] == 16
+    assert c["intermediate_size"] == 128 and c["num_hidden_layers"] == 2
+    assert c["vocab_size"] == 256 and c["rms_norm_eps"] == 1e-6
+    assert c["rope_theta"] == 10000 and c["max_position_embeddings"] == 40960
+    assert c["num_target_layers"] >= 6
+    for k in ("layer_types", "sliding_window", "markov_rank", "markov_head_type",
+              "enable_confidence_head", "sample_from_anchor", "dspark_bonus_anchor"):
+        assert k not in c, k
+
+
+def test_flat_config(tmp_path):
+    c = cfg_of(make_checkpoint(tmp_path / "c", "tiny", config_style="flat"))
+    assert "dflash_config" not in c
+    assert c["block_size"] == 8 and c["mask_token_id"] == 255
+    assert c["target_layer_ids"] == [1, 3, 5]
+
+
+def test_swa_config(tmp_path):
+    c = cfg_of(make_checkpoint(tmp_path / "c", "tiny-swa"))
+    assert c["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert c["sliding_window"] == 8 and c["num_hidden_layers"] == 3
+
+
+def test_dspark_config(tmp_path):
+    c = cfg_of(make_checkpoint(tmp_path / "c", "tiny-dspark"))
+    assert c["architectures"] == ["Qwen3DSparkModel"]
+    assert "dflash_config" not in c
+    assert c["block_size"] == 7 and c["mask_token_id"] == 255
+    assert c["markov_rank"] == 32 and c["markov_head_type"] == "vanilla"
+    assert c["enable_confidence_head"] is True and c["confidence_head_with_markov"] is True
+    assert c["sample_from_anchor"] is True and "dspark_bonus_anchor" not in c
+    c = cfg_of(make_checkpoint(tmp_path / "d", "tiny-dspark", layout="bonus_anchor"))
+    assert c["sample_from_anchor"] is False
+    c = cfg_of(make_checkpoint(tmp_path / "e", "tiny-dspark", markov="gated", confidence=False))
+    assert c["markov_head_type"] == "gated" and c["enable_confidence_head"] is False
+    assert c["confidence_head_with_markov"] is False
+
+
+def test_layout_key_for_dflash_only_when_given(tmp_path):
+    c = cfg_of(make_checkpoint(tmp_path / "a", "tiny", markov="vanilla"))
+    assert "dspark_bonus_anchor" not in c and "sample_from_anchor" not in c
+    assert c["markov_head_type"] == "vanilla" and c["markov_rank"] == 32
+    c = cfg_of(make_checkpoint(tmp_path / "b", "tiny", layout="bonus_anchor"))
+    assert c["dspark_bonus_anchor"] is True and "sample_from_anchor" not in c
+    c = cfg_of(make_checkpoint(tmp_path / "c", "tiny", layout="sample_from_anchor"))
+    assert c["dspark_bonus_anchor"] is False
+
+
+@pytest.mark.parametrize("style", ["rope_parameters", "rope_scaling"])
+def test_rope_styles(tmp_path, style):
+    c = cfg_of(make_checkpoint(tmp_path / "c", "tiny", rope_style=style))
+    assert "rope_theta" not in c
+    assert c[style] == {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def test_head_dim_omission(tmp_path):
+    c = cfg_of(make_checkpoint(tmp_path / "c", "tiny", head_dim_in_config=False))
+    assert "head_dim" not in c and c["hidden_size"] // c["num_attention_heads"] == 16
+    with pytest.raises(ValueError, match="head_dim"):
+        make_checkpoint(tmp_path / "d", "tiny", head_dim_in_config=False, overrides={"head_dim": 32})
+    with pytest.raises(ValueError, match="head_dim"):  # 2560/32 = 80 != 128: refused before any work
+        make_checkpoint(tmp_path / "e", "qwen3-4b-b16", head_dim_in_config=False)
+    assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
+
+
+def test_overrides(tmp_path):
+    p = make_checkpoint(tmp_path / "c", "tiny", overrides={"n_layer": 1, "sliding_window": 8})
+    c = cfg_of(p)
+    assert c["num_hidden_layers"] == 1 and c["sliding_window"] == 8
+    check_tensors(p, expected_shapes(dict(PRESETS["tiny"], n_layer=1)))
+    # the preset's layer_types pattern follows a changed n_layer
+    c = cfg_of(make_checkpoint(tmp_path / "d", "tiny-swa", overrides={"n_layer": 5}))
+    s, f = "sliding_attention", "full_attention"
+    assert c["layer_types"] == [s, f, s, s, f]
+    with pytest.raises(ValueError, match="n_layers_typo"):
+        make_checkpoint(tmp_path / "e", "tiny", overrides={"n_layers_typo": 3})
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="preset"):
+        make_checkpoint(tmp_path / "a", "no-such-preset")
+    with pytest.raises(ValueError, match="markov"):
+        make_checkpoint(tmp_path / "b", "tiny", markov="lstm")
+    with pytest.raises(ValueError, match="layout"):
+        make_checkpoint(tmp_path / "c", "tiny", layout="sideways")
+    with pytest.raises(ValueError, match="config_style"):
+        make_checkpoint(tmp_path / "d", "tiny", config_style="weird")
+    with pytest.raises(ValueError, match="shards"):
+        make_checkpoint(tmp_path / "e", "tiny", shards=1000)
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-swa"])
+def test_dflash_tensors(tmp_path, preset):
+    p = make_checkpoint(tmp_path / "c", preset)
+    check_tensors(p, expected_shapes(PRESETS[preset]))
+    assert (p / "model.safetensors").exists()
+    assert not (p / "model.safetensors.index.json").exists()
+
+
+def test_tiny_is_small(tmp_path):
+    p = make_checkpoint(tmp_path / "c", "tiny")
+    assert sum(f.stat().st_size for f in p.iterdir()) < 200_000
+
+
+def test_dspark_tensors(tmp_path):
+    p = make_checkpoint(tmp_path / "c", "tiny-dspark")
+    check_tensors(
+        p,
+        expected_shapes(PRESETS["tiny-dspark"], markov="vanilla", confidence=True, embed=True, lm_head=True),
+    )
+
+
+@pytest.mark.parametrize("markov", ["none", "vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("confidence", [False, True])
+def test_markov_variants(tmp_path, markov, confidence):
+    p = make_checkpoint(tmp_path / "c", "tiny", markov=markov, confidence=confidence)
+    m = None if markov == "none" else markov
+    check_tensors(p, expected_shapes(PRESETS["tiny"], markov=m, confidence=confidence))
+
+
+def test_confidence_without_markov_width(tmp_path):
+    p = make_checkpoint(tmp_path / "c", "tiny-dspark", markov=False, embed=False, lm_head=False)
+    got = check_tensors(p, expected_shapes(PRESETS["tiny-dspark"], confidence=True))
+    assert got["confidence_head.proj.weight"].shape == (1, 64)
+    assert "markov_rank" not in cfg_of(p)
+
+
+def test_embed_lm_head_flags(tmp_path):
+    p = make_checkpoint(tmp_path / "c", "tiny", embed=True, lm_head=True)
+    check_tensors(p, expected_shapes(PRESETS["tiny"], embed=True, lm_head=True))
+    p = make_checkpoint(tmp_path / "d", "tiny-dspark", embed=False, lm_head=False)
+    got = load_dir(p)
+    assert "embed_tokens.weight" not in got and "lm_head.weight" not in got
+
+
+@pytest.mark.parametrize("shards", [2, 3, 7])
+def test_sharded(tmp_path, shards):
+    p = make_checkpoint(tmp_path / "s", "tiny-dspark", shards=shards)
+    assert not (p / "model.safetensors").exists()
+    index = json.loads((p / "model.safetensors.index.json").read_text())
+    wm = index["weight_map"]
+    files = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+    assert sorted(set(wm.values())) == files
+    assert sorted(x.name for x in p.glob("*.safetensors")) == files
+    seen = {}
+    total = 0
+    for fname in files:
+        with safe_open(str(p / fname), framework="np") as f:
+            keys = list(f.keys())
+            assert keys, f"{fname} is empty"
+            for k in keys:
+                assert k not in seen and wm[k] == fname
+                t = f.get_tensor(k)
+                seen[k] = t
+                total += t.nbytes
+    assert set(seen) == set(wm)
+    assert index["metadata"]["total_size"] == total
+    exp = expected_shapes(PRESETS["tiny-dspark"], markov="vanilla", confidence=True, embed=True, lm_head=True)
+    assert {k: v.shape for k, v in seen.items()} == exp
+    # sharding does not change the values
+    single = load_dir(make_checkpoint(tmp_path / "one", "tiny-dspark"))
+    for k, v in single.items():
+        assert np.array_equal(v.view(np.uint16), seen[k].view(np.uint16)), k
+
+
+def test_rewrite_removes_stale_shards(tmp_path):
+    make_checkpoint(tmp_path / "c", "tiny", shards=3)
+    p = make_checkpoint(tmp_path / "c", "tiny")
+    assert sorted(x.name for x in p.iterdir()) == ["config.json", "model.safetensors"]
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def _bytes(p):
+    return {f.name: f.read_bytes() for f in sorted(Path(p).iterdir())}
+
+
+def test_deterministic(tmp_path):
+    a = _bytes(make_checkpoint(tmp_path / "a", "tiny-dspark", seed=5))
+    b = _bytes(make_checkpoint(tmp_path / "b", "tiny-dspark", seed=5))
+    c = _bytes(make_checkpoint(tmp_path / "c", "tiny-dspark", seed=6))
+    assert a == b
+    assert a["config.json"] == c["config.json"]
+    assert a["model.safetensors"] != c["model.safetensors"]
+    assert _bytes(make_checkpoint(tmp_path / "d", "tiny", shards=2, seed=1)) == _bytes(
+        make_checkpoint(tmp_path / "e", "tiny", shards=2, seed=1)
+    )
+
+
+def test_value_scales(tmp_path):
+    p = make_checkpoint(tmp_path / "c", "tiny", markov="gated", confidence=True)
+    got = {k: v.astype(np.float32) for k, v in load_dir(p).items()}
+    for k, v in got.items():
+        assert np.isfinite(v).all(), k
+        assert np.any(v != 0), k
+        if v.ndim == 2:
+            want = 1.0 / math.sqrt(v.shape[1])
+            if v.size >= 1000:
+                assert abs(v.std() / want - 1) < 0.1, (k, v.std(), want)
+                assert abs(v.mean()) < 0.1 * want, k
+            assert np.abs(v).max() <= want * math.sqrt(3) * 1.01, k
+        elif k.endswith(".bias"):
+            assert np.abs(v).max() <= 0.0201, k
+        else:  # norm weights: 1 + U(-0.1, 0.1)
+            assert 0.89 <= v.min() and v.max() <= 1.11, k
+            assert v.std() > 0.01, k
+    # distinct tensors get distinct values
+    q0, q1 = got["layers.0.self_attn.q_proj.weight"], got["layers.1.self_attn.q_proj.weight"]
+    assert not np.array_equal(q0, q1)
+
+
+def test_to_bf16_matches_ml_dtypes_round_to_nearest_even():
+    rng = np.random.default_rng(3)
+    x = np.concatenate(
+        [
+            rng.standard_normal(10000).astype(np.float32),
+            np.array([0.0, -0.0, 1.0, -1.0, 1e-30, 3e38, 1.00390625, 1.01171875], np.float32),
+            # exact ties: lower 16 bits 0x8000 with even and odd upper halves
+            np.array([0x3F808000, 0x3F818000, 0xBF808000], np.uint32).view(np.float32),
+        ]
+    )
+    got = to_bf16(x)
+    assert got.dtype == BF16
+    assert np.array_equal(got.view(np.uint16), x.astype(BF16).view(np.uint16))
+
+
+def test_extra_and_dropped_tensors(tmp_path):
+    extra = {
+        "mystery.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "model.fc.weight": np.ones((2, 2), dtype=BF16),
+    }
+    p = make_checkpoint(tmp_path / "c", "tiny", extra_tensors=extra)
+    got = load_dir(p)
+    assert np.array_equal(got["mystery.weight"], extra["mystery.weight"])
+    assert got["mystery.weight"].dtype == np.float32
+    assert got["model.fc.weight"].dtype == BF16
+    assert set(got) == set(expected_shapes(PRESETS["tiny"])) | set(extra)
+    # a same-named extra replaces the generated tensor (misshapen-tensor tests)
+    bad = np.zeros((64, 100), dtype=BF16)
+    got = load_dir(make_checkpoint(tmp_path / "d", "tiny", extra_tensors={"fc.weight": bad}))
+    assert got["fc.weight"].shape == (64, 100)
+    # drop_tensors leaves a tensor out (missing-tensor tests)
+    got = load_dir(make_checkpoint(tmp_path / "e", "tiny", drop_tensors=["layers.1.mlp.up_proj.weight"]))
+    assert "layers.1.mlp.up_proj.weight" not in got
+    assert len(got) == len(expected_shapes(PRESETS["tiny"])) - 1
+    # extras also land in shards and in the index
+    p = make_checkpoint(tmp_path / "f", "tiny", shards=2, extra_tensors=extra)
+    wm = json.loads((p / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "mystery.weight" in wm and "model.fc.weight" in wm
+
+
+# ----------------------------------------------------------------------------- big presets (plan only)
+
+
+def test_big_preset_plans():
+    """Geometry of the real presets, checked against SPEC section 7 without writing anything."""
+    cfg, plan = checkpoint_plan("qwen3-8b-b16")
+    shapes = {n: s for n, s, _ in plan}
+    assert shapes["fc.weight"] == (4096, 5 * 4096)
+    layer_bytes = sum(2 * math.prod(s) for n, s, _ in plan if n.startswith("layers."))
+    assert abs(layer_bytes / 1e9 - 1.93) < 0.01
+    assert abs(2 * math.prod(shapes["fc.weight"]) / 1e9 - 0.17) < 0.01
+    assert cfg["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33]
+    assert cfg["dflash_config"]["mask_token_id"] == 151669 and cfg["block_size"] == 16
+
+    cfg, plan = checkpoint_plan("gemma4-31b")
+    assert cfg["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert cfg["sliding_window"] == 1024 and cfg["vocab_size"] == 262144
+
+    cfg, plan = checkpoint_plan("dspark-qwen3-8b-b7")
+    shapes = {n: s for n, s, _ in plan}
+    assert cfg["block_size"] == 7 and cfg["sample_from_anchor"] is True
+    assert cfg["markov_rank"] == 256 and cfg["markov_head_type"] == "vanilla"
+    assert shapes["confidence_head.proj.weight"] == (1, 4096 + 256)
+    assert shapes["markov_head.markov_w1.weight"] == (151936, 256)
+    assert "embed_tokens.weight" not in shapes and "lm_head.weight" not in shapes
+
+    for name in PRESETS:
+        cfg, plan = checkpoint_plan(name)
+        assert len({n for n, _, _ in plan}) == len(plan)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli(tmp_path):
+    out = tmp_path / "cli"
+    r = subprocess.run(
+        [sys.executable, "tools/make_checkpoint.py", str(out), "--preset", "tiny", "--shards", "2",
+         "--config-style", "flat", "--markov", "rnn", "--confidence", "--embed", "--seed", "3"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert str(out) in r.stdout and "tensors" in r.stdout and "bytes" in r.stdout
+    c = cfg_of(out)
+    assert c["markov_head_type"] == "rnn" and "dflash_config" not in c
+    got = load_dir(out)
+    assert "markov_head.joint_proj.weight" in got and "embed_tokens.weight" in got
+    assert "lm_head.weight" not in got
+    same = load_dir(make_checkpoint(tmp_path / "api", "tiny", config_style="flat", markov="rnn",
+                                    confidence=True, embed=True, seed=3))
+    assert all(np.array_equal(same[k].view(np.uint16), got[k].view(np.uint16)) for k in same)

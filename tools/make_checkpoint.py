@@ -1,0 +1,611 @@
+"""Write a random DFlash / DSpark drafter checkpoint in the real on-disk format (SPEC section 2).
+
+Standalone: needs only numpy, ml_dtypes and safetensors (never imports pydflash).
+
+    from tools.make_checkpoint import make_checkpoint, PRESETS
+    path = make_checkpoint(tmp_path / "ckpt", "tiny")
+
+    python tools/make_checkpoint.py OUT_DIR --preset qwen3-8b-b16 [--shards 4] ...
+
+The output directory holds ``config.json`` and either ``model.safetensors`` or HF-style shards
+``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``. Weights are bf16 with
+random values at realistic scales: 2-D weights uniform with std 1/sqrt(in_features), norm weights
+1 + U(-0.1, 0.1), biases U(-0.02, 0.02). Every tensor has its own generator seeded from
+(seed, crc32(name)), so its values depend only on the seed and its name (not on the sharding or
+on which other tensors exist) and the same arguments always give identical bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import pathlib
+import sys
+import time
+import zlib
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+__all__ = ["make_checkpoint", "checkpoint_plan", "PRESETS", "to_bf16"]
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+# ----------------------------------------------------------------------------- presets
+
+_TINY = {
+    "hidden": 64,
+    "n_head": 4,
+    "n_kv": 2,
+    "head_dim": 16,
+    "n_ff": 128,
+    "n_layer": 2,
+    "vocab": 256,
+    "block_size": 8,
+    "mask_token_id": 255,
+    "target_layer_ids": [1, 3, 5],
+    "num_target_layers": 6,
+    "rope_theta": 10000.0,
+    "eps": 1e-6,
+    "layer_types": None,
+    "sliding_window": None,
+    "markov_rank": 32,  # used only when a Markov head is asked for (GPU kernels need K % 32 == 0)
+    "markov_type": None,  # None = no Markov head
+    "confidence": False,
+    "confidence_with_markov": True,
+    "architectures": ["DFlashDraftModel"],
+    "config_style": "nested",
+    "embed": False,
+    "lm_head": False,
+    "layout": None,  # None | "bonus_anchor" | "sample_from_anchor"
+}
+
+_QWEN3_8B = dict(
+    _TINY,
+    hidden=4096,
+    n_head=32,
+    n_kv=8,
+    head_dim=128,
+    n_ff=12288,
+    n_layer=5,
+    vocab=151936,
+    block_size=16,
+    mask_token_id=151669,
+    target_layer_ids=[1, 9, 17, 25, 33],
+    num_target_layers=36,
+    rope_theta=1000000.0,
+    markov_rank=256,
+)
+
+PRESETS: dict[str, dict] = {
+    "tiny": dict(_TINY),
+    "tiny-swa": dict(
+        _TINY,
+        n_layer=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        sliding_window=8,
+    ),
+    "tiny-dspark": dict(
+        _TINY,
+        block_size=7,
+        config_style="flat",
+        architectures=["Qwen3DSparkModel"],
+        markov_type="vanilla",
+        markov_rank=32,
+        confidence=True,
+        confidence_with_markov=True,
+        embed=True,
+        lm_head=True,
+        layout="sample_from_anchor",
+    ),
+    "qwen3-8b-b16": dict(_QWEN3_8B),
+    "qwen3-4b-b16": dict(_QWEN3_8B, hidden=2560, n_ff=9728),
+    "gemma4-31b": dict(
+        _QWEN3_8B,
+        hidden=5376,
+        n_head=32,
+        n_kv=16,
+        head_dim=128,
+        n_ff=21504,
+        n_layer=5,
+        layer_types=["sliding_attention"] * 4 + ["full_attention"],
+        sliding_window=1024,
+        vocab=262144,
+        block_size=16,
+        mask_token_id=262143,
+        target_layer_ids=[1, 16, 31, 46, 58],
+        num_target_layers=60,
+    ),
+    "gpt-oss-20b-b8": dict(
+        _QWEN3_8B,
+        hidden=2880,
+        n_head=64,
+        n_kv=8,
+        head_dim=64,
+        n_ff=7680,
+        vocab=201088,
+        block_size=8,
+        mask_token_id=200017,
+        target_layer_ids=[1, 6, 11, 16, 21],
+        num_target_layers=24,
+        rope_theta=150000.0,
+    ),
+    "dspark-qwen3-8b-b7": dict(
+        _QWEN3_8B,
+        block_size=7,
+        config_style="flat",
+        architectures=["Qwen3DSparkModel"],
+        markov_type="vanilla",
+        markov_rank=256,
+        confidence=True,
+        confidence_with_markov=True,
+        layout="sample_from_anchor",
+    ),
+}
+
+_MARKOV_TYPES = ("vanilla", "gated", "rnn")
+_LAYOUTS = ("bonus_anchor", "sample_from_anchor")
+_ROPE_STYLES = ("top", "rope_parameters", "rope_scaling")
+_CONFIG_STYLES = ("nested", "flat")
+
+# ----------------------------------------------------------------------------- random bf16
+
+_CHUNK = 1 << 18  # elements per generation step (1 MiB of float32: stays in cache)
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 with round-to-nearest-even, by bit manipulation (finite inputs)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).copy()
+    u += ((u >> 16) & 1) + np.uint32(0x7FFF)
+    return (u >> 16).astype(np.uint16).view(BF16)
+
+
+def _uniform_bf16(rng: np.random.Generator, shape, lo: float, hi: float) -> np.ndarray:
+    """U(lo, hi) samples as a bf16 array, generated in cache-sized float32 chunks."""
+    n = int(math.prod(shape))
+    out = np.empty(n, dtype=np.uint16)
+    m0 = max(1, min(n, _CHUNK))
+    buf = np.empty(m0, dtype=np.float32)
+    tmp = np.empty(m0, dtype=np.uint32)
+    span = np.float32(hi - lo)
+    low = np.float32(lo)
+    seven_f = np.uint32(0x7FFF)
+    for s in range(0, n, _CHUNK):
+        m = min(_CHUNK, n - s)
+        x = buf[:m]
+        rng.random(out=x, dtype=np.float32)
+        x *= span
+        x += low
+        u = x.view(np.uint32)
+        t = tmp[:m]
+        np.right_shift(u, 16, out=t)
+        t &= 1
+        t += seven_f
+        u += t
+        # little-endian: the high half of each uint32 is the odd uint16
+        out[s : s + m] = u.view(np.uint16)[1::2]
+    return out.view(BF16).reshape(shape)
+
+
+def _tensor_rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng([int(seed), zlib.crc32(name.encode("utf-8"))])
+
+
+def _generate(seed: int, name: str, shape, kind: str) -> np.ndarray:
+    rng = _tensor_rng(seed, name)
+    if kind == "weight":  # Linear [out, in] or embedding table [V, d]: std 1/sqrt(cols)
+        a = math.sqrt(3.0 / shape[-1])
+        return _uniform_bf16(rng, shape, -a, a)
+    if kind == "norm":
+        return _uniform_bf16(rng, shape, 0.9, 1.1)
+    if kind == "bias":
+        return _uniform_bf16(rng, shape, -0.02, 0.02)
+    raise ValueError(f"unknown tensor kind {kind!r} for {name}")
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def _resolve_geometry(preset: str, overrides: dict | None) -> dict:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+    g = copy.deepcopy(PRESETS[preset])
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(g))
+    if unknown:
+        raise ValueError(f"unknown geometry override(s) {unknown}; known: {sorted(g)}")
+    g.update(copy.deepcopy(overrides))
+    # n_layer changed but layer_types kept from the preset: repeat the preset's pattern
+    lt = g["layer_types"]
+    if lt is not None and "layer_types" not in overrides and len(lt) != g["n_layer"]:
+        g["layer_types"] = [lt[i % len(lt)] for i in range(g["n_layer"])]
+    return g
+
+
+def checkpoint_plan(
+    preset="tiny",
+    *,
+    config_style=None,
+    markov=None,
+    confidence=None,
+    embed=None,
+    lm_head=None,
+    layout=None,
+    head_dim_in_config=True,
+    rope_style="top",
+    overrides=None,
+):
+    """Return (config dict, [(name, shape, kind)]) without generating anything.
+
+    Validates every argument; raises ValueError on a bad combination.
+    """
+    g = _resolve_geometry(preset, overrides)
+
+    style = g["config_style"] if config_style is None else config_style
+    if style not in _CONFIG_STYLES:
+        raise ValueError(f"config_style must be one of {_CONFIG_STYLES}, got {style!r}")
+    if rope_style not in _ROPE_STYLES:
+        raise ValueError(f"rope_style must be one of {_ROPE_STYLES}, got {rope_style!r}")
+
+    if markov is None:
+        mtype = g["markov_type"]
+    elif markov is False or markov == "none":
+        mtype = None
+    elif markov is True:
+        mtype = "vanilla"
+    else:
+        mtype = markov
+    if mtype is not None and mtype not in _MARKOV_TYPES:
+        raise ValueError(f"markov must be None, False, 'none' or one of {_MARKOV_TYPES}, got {markov!r}")
+    conf = bool(g["confidence"] if confidence is None else confidence)
+    with_embed = bool(g["embed"] if embed is None else embed)
+    with_lm_head = bool(g["lm_head"] if lm_head is None else lm_head)
+
+    explicit_layout = layout is not None
+    lay = g["layout"] if layout is None else layout
+    if lay is not None and lay not in _LAYOUTS:
+        raise ValueError(f"layout must be None or one of {_LAYOUTS}, got {lay!r}")
+
+    hidden, nh, nkv, hd = g["hidden"], g["n_head"], g["n_kv"], g["head_dim"]
+    n_ff, n_layer, vocab = g["n_ff"], g["n_layer"], g["vocab"]
+    rank = g["markov_rank"]
+    taps = list(g["target_layer_ids"])
+    if nh % nkv:
+        raise ValueError(f"n_head {nh} is not a multiple of n_kv {nkv}")
+    if not head_dim_in_config and (hidden % nh or hidden // nh != hd):
+        raise ValueError(
+            f"head_dim_in_config=False needs head_dim == hidden/n_head, but head_dim={hd}, "
+            f"hidden={hidden}, n_head={nh}"
+        )
+    if mtype is not None and not rank:
+        raise ValueError("a Markov head needs a positive markov_rank")
+    conf_with_markov = bool(conf and mtype is not None and g["confidence_with_markov"])
+
+    # ---- config.json
+    cfg: dict = {
+        "architectures": list(g["architectures"]),
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nkv,
+    }
+    if head_dim_in_config:
+        cfg["head_dim"] = hd
+    cfg.update(
+        {
+            "intermediate_size": n_ff,
+            "num_hidden_layers": n_layer,
+            "vocab_size": vocab,
+            "rms_norm_eps": g["eps"],
+            "max_position_embeddings": 40960,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+        }
+    )
+    if rope_style == "top":
+        cfg["rope_theta"] = g["rope_theta"]
+    else:
+        cfg[rope_style] = {"rope_type": "default", "rope_theta": g["rope_theta"]}
+    if g["layer_types"] is not None:
+        cfg["layer_types"] = list(g["layer_types"])
+    if g["sliding_window"] is not None:
+        cfg["sliding_window"] = g["sliding_window"]
+    cfg["block_size"] = g["block_size"]
+    if style == "nested":
+        cfg["dflash_config"] = {"mask_token_id": g["mask_token_id"], "target_layer_ids": taps}
+    else:
+        cfg["mask_token_id"] = g["mask_token_id"]
+        cfg["target_layer_ids"] = taps
+    ntl = g.get("num_target_layers")
+    cfg["num_target_layers"] = int(ntl) if ntl is not None else (max(taps) + 1 if taps else 0)
+
+    dspark_flat = style == "flat" and any("dspark" in a.lower() for a in g["architectures"])
+    if dspark_flat or mtype is not None or conf:
+        if mtype is not None:
+            cfg["markov_rank"] = rank
+            cfg["markov_head_type"] = mtype
+        cfg["enable_confidence_head"] = conf
+        cfg["confidence_head_with_markov"] = conf_with_markov
+    if lay is not None:
+        if dspark_flat:
+            cfg["sample_from_anchor"] = lay == "sample_from_anchor"
+        elif explicit_layout:
+            cfg["dspark_bonus_anchor"] = lay == "bonus_anchor"
+
+    # ---- tensors
+    plan: list[tuple[str, tuple, str]] = [
+        ("fc.weight", (hidden, len(taps) * hidden), "weight"),
+        ("hidden_norm.weight", (hidden,), "norm"),
+    ]
+    for i in range(n_layer):
+        p = f"layers.{i}."
+        plan += [
+            (p + "input_layernorm.weight", (hidden,), "norm"),
+            (p + "self_attn.q_proj.weight", (nh * hd, hidden), "weight"),
+            (p + "self_attn.k_proj.weight", (nkv * hd, hidden), "weight"),
+            (p + "self_attn.v_proj.weight", (nkv * hd, hidden), "weight"),
+            (p + "self_attn.o_proj.weight", (hidden, nh * hd), "weight"),
+            (p + "self_attn.q_norm.weight", (hd,), "norm"),
+            (p + "self_attn.k_norm.weight", (hd,), "norm"),
+            (p + "post_attention_layernorm.weight", (hidden,), "norm"),
+            (p + "mlp.gate_proj.weight", (n_ff, hidden), "weight"),
+            (p + "mlp.up_proj.weight", (n_ff, hidden), "weight"),
+            (p + "mlp.down_proj.weight", (hidden, n_ff), "weight"),
+        ]
+    plan.append(("norm.weight", (hidden,), "norm"))
+    if mtype is not None:
+        plan += [
+            ("markov_head.markov_w1.weight", (vocab, rank), "weight"),
+            ("markov_head.markov_w2.weight", (vocab, rank), "weight"),
+        ]
+        if mtype == "gated":
+            plan += [
+                ("markov_head.gate_proj.weight", (rank, hidden + rank), "weight"),
+                ("markov_head.gate_proj.bias", (rank,), "bias"),
+            ]
+        elif mtype == "rnn":
+            plan += [
+                ("markov_head.joint_proj.weight", (3 * rank, 2 * rank + hidden), "weight"),
+                ("markov_head.joint_proj.bias", (3 * rank,), "bias"),
+            ]
+    if conf:
+        width = hidden + (rank if conf_with_markov else 0)
+        plan += [
+            ("confidence_head.proj.weight", (1, width), "weight"),
+            ("confidence_head.proj.bias", (1,), "bias"),
+        ]
+    if with_embed:
+        plan.append(("embed_tokens.weight", (vocab, hidden), "weight"))
+    if with_lm_head:
+        plan.append(("lm_head.weight", (vocab, hidden), "weight"))
+    return cfg, plan
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _split(sizes: list[int], n: int) -> list[int]:
+    """Start index of each of n contiguous, non-empty groups, balanced by the sum of sizes."""
+    total = sum(sizes)
+    cum = [0]
+    for s in sizes:
+        cum.append(cum[-1] + s)
+    starts = [0]
+    for j in range(1, n):
+        target = j * total / n
+        idx = next((i for i in range(len(sizes)) if cum[i] >= target), len(sizes))
+        idx = max(idx, starts[-1] + 1)
+        idx = min(idx, len(sizes) - (n - j))
+        starts.append(idx)
+    return starts
+
+
+def _write(
+    out_dir,
+    preset="tiny",
+    *,
+    shards=1,
+    config_style=None,
+    markov=None,
+    confidence=None,
+    embed=None,
+    lm_head=None,
+    layout=None,
+    head_dim_in_config=True,
+    rope_style="top",
+    seed=0,
+    overrides=None,
+    extra_tensors=None,
+    drop_tensors=None,
+):
+    cfg, plan = checkpoint_plan(
+        preset,
+        config_style=config_style,
+        markov=markov,
+        confidence=confidence,
+        embed=embed,
+        lm_head=lm_head,
+        layout=layout,
+        head_dim_in_config=head_dim_in_config,
+        rope_style=rope_style,
+        overrides=overrides,
+    )
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+
+    # entries: (name, nbytes, producer)
+    extra = {k: np.ascontiguousarray(v) for k, v in (extra_tensors or {}).items()}
+    drop = set(drop_tensors or ())
+    names = [p[0] for p in plan]
+    unknown_drop = sorted(drop - set(names) - set(extra))
+    if unknown_drop:
+        raise ValueError(f"drop_tensors names no planned tensor: {unknown_drop}")
+    entries = []
+    for name, shape, kind in plan:
+        if name in drop:
+            continue
+        if name in extra:  # replaced (e.g. a deliberately misshapen tensor)
+            arr = extra[name]
+            entries.append((name, arr.nbytes, (lambda a=arr: a)))
+        else:
+            nbytes = int(math.prod(shape)) * 2
+            entries.append((name, nbytes, (lambda n=name, s=shape, k=kind: _generate(seed, n, s, k))))
+    for name, arr in extra.items():
+        if name not in names and name not in drop:
+            entries.append((name, arr.nbytes, (lambda a=arr: a)))
+
+    shards = int(shards)
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    if shards > len(entries):
+        raise ValueError(f"shards={shards} exceeds the number of tensors ({len(entries)})")
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in list(out.glob("model*.safetensors")) + [out / "model.safetensors.index.json"]:
+        if old.is_file():
+            old.unlink()
+    with open(out / "config.json", "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+
+    meta = {"format": "pt"}
+    total = sum(e[1] for e in entries)
+    if shards == 1:
+        tensors = {name: make() for name, _, make in entries}
+        save_file(tensors, str(out / "model.safetensors"), metadata=meta)
+        del tensors
+    else:
+        starts = _split([e[1] for e in entries], shards) + [len(entries)]
+        weight_map = {}
+        for j in range(shards):
+            fname = f"model-{j + 1:05d}-of-{shards:05d}.safetensors"
+            group = entries[starts[j] : starts[j + 1]]
+            tensors = {name: make() for name, _, make in group}
+            save_file(tensors, str(out / fname), metadata=meta)
+            del tensors
+            for name, _, _ in group:
+                weight_map[name] = fname
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
+        with open(out / "model.safetensors.index.json", "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
+    return out, len(entries), total
+
+
+def make_checkpoint(
+    out_dir,
+    preset="tiny",
+    *,
+    shards=1,
+    config_style=None,
+    markov=None,
+    confidence=None,
+    embed=None,
+    lm_head=None,
+    layout=None,
+    head_dim_in_config=True,
+    rope_style="top",
+    seed=0,
+    overrides=None,
+    extra_tensors=None,
+    drop_tensors=None,
+) -> pathlib.Path:
+    """Write a random drafter checkpoint to ``out_dir`` and return its path.
+
+    preset: a key of PRESETS. shards: 1 writes model.safetensors, N > 1 writes N HF shards and an
+    index. config_style: "nested" (z-lab: top-level block_size, dflash_config{mask_token_id,
+    target_layer_ids}) or "flat"; None = the preset's. markov: None (preset's), False/"none",
+    "vanilla", "gated" or "rnn". confidence/embed/lm_head: None (preset's) or bool.
+    layout: None (preset's), "bonus_anchor" or "sample_from_anchor"; a DSpark flat config writes
+    it as "sample_from_anchor", any other config writes "dspark_bonus_anchor" only when given
+    here. head_dim_in_config=False omits head_dim (only when head_dim == hidden/n_head).
+    rope_style: "top", "rope_parameters" or "rope_scaling". overrides: geometry keys of the preset
+    to change. extra_tensors: name -> array written as given (a name that is also generated
+    replaces the generated tensor). drop_tensors: names of generated tensors to leave out.
+    """
+    path, _, _ = _write(
+        out_dir,
+        preset,
+        shards=shards,
+        config_style=config_style,
+        markov=markov,
+        confidence=confidence,
+        embed=embed,
+        lm_head=lm_head,
+        layout=layout,
+        head_dim_in_config=head_dim_in_config,
+        rope_style=rope_style,
+        seed=seed,
+        overrides=overrides,
+        extra_tensors=extra_tensors,
+        drop_tensors=drop_tensors,
+    )
+    return path
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Write a random DFlash/DSpark drafter checkpoint.")
+    ap.add_argument("out_dir")
+    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--config-style", choices=_CONFIG_STYLES, default=None)
+    ap.add_argument("--markov", choices=("none",) + _MARKOV_TYPES, default=None)
+    ap.add_argument("--confidence", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--embed", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--lm-head", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--layout", choices=_LAYOUTS, default=None)
+    ap.add_argument("--no-head-dim", action="store_true", help="omit head_dim from config.json")
+    ap.add_argument("--rope-style", choices=_ROPE_STYLES, default="top")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="geometry override, e.g. n_layer=2 or sliding_window=8 (repeatable)",
+    )
+    a = ap.parse_args(argv)
+    overrides = {}
+    for item in a.override:
+        key, sep, val = item.partition("=")
+        if not sep:
+            ap.error(f"--override needs KEY=VALUE, got {item!r}")
+        try:
+            overrides[key] = json.loads(val)
+        except json.JSONDecodeError:
+            overrides[key] = val
+    t0 = time.perf_counter()
+    path, count, total = _write(
+        a.out_dir,
+        a.preset,
+        shards=a.shards,
+        config_style=a.config_style,
+        markov=a.markov,
+        confidence=a.confidence,
+        embed=a.embed,
+        lm_head=a.lm_head,
+        layout=a.layout,
+        head_dim_in_config=not a.no_head_dim,
+        rope_style=a.rope_style,
+        seed=a.seed,
+        overrides=overrides or None,
+    )
+    dt = time.perf_counter() - t0
+    print(f"{path}: {count} tensors, {total} bytes ({total / 1e9:.3f} GB) in {dt:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
