@@ -10,7 +10,6 @@ the host: buffers live in a per-drafter workspace (one drafter = one stream of r
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,7 +18,7 @@ import numpy as np
 from .checkpoint import (EMBED, GATE_B, GATE_W, JOINT_B, JOINT_W, LM_HEAD, MARKOV_W1, MARKOV_W2,
                          Checkpoint)
 from .config import DflashCfg
-from .engine import AttentionScratch, Engine
+from .engine import AttentionScratch, Engine, on_stream
 from .errors import ShapeError
 from .kv import DflashKv
 from .reference import rope_inv_freq
@@ -67,6 +66,27 @@ def _fmt_for(precision: str, role: str) -> str:
     return precision
 
 
+_FORMAT_BYTES_PER_32 = {"f32": 128, "bf16": 64, "q8_0": 34, "q4_0": 18}
+
+
+def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
+    """(device bytes of every weight, bytes one forward_round reads) at `precision`."""
+    def size(role: str, n: int, k: int) -> int:
+        return n * k // 32 * _FORMAT_BYTES_PER_32[_fmt_for(precision, role)]
+
+    layer = (size("attn", cfg.q_dim + 2 * cfg.kv_dim, cfg.hidden)
+             + size("attn", cfg.hidden, cfg.q_dim)
+             + size("mlp", 2 * cfg.n_ff, cfg.hidden) + size("mlp", cfg.hidden, cfg.n_ff))
+    norms = 4 * (cfg.n_layer * (2 * cfg.hidden + 2 * cfg.head_dim) + 2 * cfg.hidden)
+    total = cfg.n_layer * layer + size("attn", cfg.hidden, cfg.n_taps * cfg.hidden) + norms
+    if cfg.has_markov and cfg.vocab_size:
+        r = cfg.markov_rank
+        total += 2 * cfg.vocab_size * r + size("head", cfg.vocab_size, r)
+        total += 4 * {"vanilla": 0, "gated": r * (cfg.hidden + r),
+                      "rnn": 3 * r * (2 * r + cfg.hidden)}[cfg.markov_type]
+    return total, cfg.n_layer * layer
+
+
 class _Workspace:
     """Device buffers for block rows and ingest chunks, allocated once per drafter."""
 
@@ -107,6 +127,14 @@ class DflashDraft:
         cfg = ckpt.cfg
         if cfg.n_ff % 8:
             raise ShapeError(f"n_ff {cfg.n_ff} must be a multiple of 8 (fused gate/up groups)")
+        if not isinstance(e, Engine):
+            raise ShapeError(f"e: expected an Engine, found {type(e).__name__}")
+        with e.device, e.stream:
+            return cls._load(e, ckpt, precision)
+
+    @classmethod
+    def _load(cls, e: Engine, ckpt: Checkpoint, precision: str) -> "DflashDraft":
+        cfg = ckpt.cfg
 
         def weight(names: Sequence[str], role: str, interleave: bool = False) -> GpuTensor:
             parts = [ckpt.read_bf16_bits(n) for n in names]
@@ -173,6 +201,7 @@ class DflashDraft:
                 raise ShapeError(f"kv: lives on device {kv.device}, drafter on {self.device}")
 
     # -- the data flow -----------------------------------------------------------------------
+    @on_stream
     def ctx_features(self, e: Engine, taps: Any, t: int) -> Any:
         """hidden_norm(fc(taps)): taps [t, n_taps*hidden] -> new [t, hidden]."""
         self._check(e)
@@ -184,6 +213,7 @@ class DflashDraft:
             e.rms_norm_rows(out, self.hidden_norm, c.eps, out, t, c.hidden)
         return out
 
+    @on_stream
     def forward(self, e: Engine, target_hidden: Any, noise_emb: Any, pos: Sequence[int] | Any,
                 ctx: int) -> Any:
         """Raw taps of ctx rows + block embeddings -> normed block hidden [b, hidden]."""
@@ -193,6 +223,7 @@ class DflashDraft:
         return self.forward_block(e, self.ctx_features(e, target_hidden, ctx), noise_emb, pos,
                                   ctx)
 
+    @on_stream
     def forward_block(self, e: Engine, ctx_f: Any, noise_emb: Any, pos: Sequence[int] | Any,
                       ctx: int) -> Any:
         """Block forward over precomputed ctx features; pos = ctx positions then block ones.
@@ -206,6 +237,7 @@ class DflashDraft:
         self.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
         return self.forward_round(e, kv, noise_emb, pos[ctx:])
 
+    @on_stream
     def ingest_ctx(self, e: Engine, kv: DflashKv, feats: Any, pos_new: Sequence[int] | Any,
                    t: int) -> None:
         """Append t committed ctx rows (features, absolute positions) at kv.len: per layer the
@@ -225,6 +257,7 @@ class DflashDraft:
                                kv.pos[row:], layer)
         kv._len = start + t
 
+    @on_stream
     def forward_round(self, e: Engine, kv: DflashKv, noise_emb: Any,
                       pos_block: Sequence[int] | Any, *, out: Any = None) -> Any:
         """Block forward over the cached ctx K/V. The block's K/V land in the scratch rows
@@ -235,8 +268,7 @@ class DflashDraft:
         out = e._out(out, "out", b, c.hidden)
         n = kv.len
         kv.stage_positions(e, pos_block, n, b, "pos_block")
-        with e.device, e.stream:
-            ws.x[...] = noise
+        ws.x[...] = noise
         pos = kv.pos[n:n + b]
         for li, layer in enumerate(self.layers):
             e.rms_norm_rows(ws.x, layer.input_layernorm, c.eps, ws.xn, b, c.hidden)
@@ -263,6 +295,7 @@ class DflashDraft:
                   np.float32(c.eps)))
 
     # -- logits -> draft tokens ---------------------------------------------------------------
+    @on_stream
     def draft_tokens(self, e: Engine, hidden: Any, lm_head: GpuTensor | Any | None, last: Any,
                      *, logit_softcap: float | None = None) -> Any:
         """Greedy draft tokens for the layout's draft rows (bonus-anchor: rows 1..b-1), as a
@@ -287,8 +320,7 @@ class DflashDraft:
         if logits is None:
             logits = ws.logits[v] = e.empty((nd, v))
         ids = e.empty(nd + 1, np.int32)
-        with e.device, e.stream:
-            ids[0:1] = last_dev
+        ids[0:1] = last_dev
         e.linear(lm, h[r0:r0 + nd], nd, logits, "store", None)
         if logit_softcap is not None:
             e.softcap_inplace(logits, float(logit_softcap))
@@ -305,7 +337,12 @@ class DflashDraft:
             if self.lm_head is None:
                 raise ShapeError("lm_head: none given and the checkpoint carries none")
             return self.lm_head
-        return lm_head if isinstance(lm_head, GpuTensor) else GpuTensor.wrap(e, lm_head)
+        if isinstance(lm_head, GpuTensor):
+            return lm_head
+        arr = e.as_device_array(lm_head, "lm_head")
+        if arr.ndim != 2 or arr.shape[1] != self.cfg.hidden:
+            raise ShapeError(f"lm_head: expected [V, {self.cfg.hidden}], found {list(arr.shape)}")
+        return GpuTensor.wrap(e, arr)
 
     def _markov_step(self, e: Engine, h_row: Any, prev: Any, logits_row: Any,
                      first: bool) -> None:
@@ -323,18 +360,16 @@ class DflashDraft:
             e.gather_rows(mk.w1.data, prev, zin, 1)
             u = zin
         elif mk.kind == "gated":       # g = sigmoid(gate([h ; e])), u = g * e
-            with e.device, e.stream:
-                zin[:, :c.hidden] = h_row
+            zin[:, :c.hidden] = h_row
             e.gather_rows(mk.w1.data, prev, zin[:, c.hidden:], 1)
             e.linear(mk.proj, zin, 1, ws.markov_proj[:, :r], "store", None)
             e.launch("markov", "markov_gated", (1,), 256,
                      (ws.markov_proj, mk.bias, zin[:, c.hidden:], ws.markov_u, np.int32(r)))
             u = ws.markov_u
         else:                          # z = [s ; e ; h]; s kept in place in z[:, :r]
-            with e.device, e.stream:
-                if first:
-                    zin[:, :r] = 0
-                zin[:, 2 * r:] = h_row
+            if first:
+                zin[:, :r] = 0
+            zin[:, 2 * r:] = h_row
             e.gather_rows(mk.w1.data, prev, zin[:, r:2 * r], 1)
             e.linear(mk.proj, zin, 1, ws.markov_proj, "store", None)
             e.launch("markov", "markov_rnn", (1,), 256,

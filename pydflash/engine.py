@@ -7,8 +7,9 @@ host except `dtoh` and `synchronize`.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -26,6 +27,23 @@ LINEAR_ROWS_PER_BLOCK = 32
 F32_WARPS_PER_BLOCK = 8
 ATT_THREADS, ATT_T = 256, 32  # attention.cu
 EPILOGUES = {"store": "store", "add": "add", "silu_mul": "silu_mul"}
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def on_stream(method: F) -> F:
+    """Run a public entry point with its engine's device and stream current, so the kernels it
+    launches (and CuPy's own copies) queue on Engine.stream. The engine is `self` or the first
+    argument."""
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        e = self if isinstance(self, Engine) else args[0]
+        if not isinstance(e, Engine):
+            raise ShapeError(f"e: expected an Engine, found {type(e).__name__}")
+        with e.device, e.stream:
+            return method(self, *args, **kwargs)
+    return wrapper  # type: ignore[return-value]
 
 
 def cuda_available() -> bool:
@@ -61,6 +79,7 @@ class Engine:
         self.name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         self.arch = f"sm_{props['major']}{props['minor']}"
         self._functions: dict[tuple[str, str], Any] = {}
+        self._smem_set: dict[str, int] = {}   # dynamic shared memory limit raised per kernel
 
     # -- kernels ----------------------------------------------------------------------------
     def module(self, name: str) -> Any:
@@ -85,16 +104,15 @@ class Engine:
 
     def launch(self, module: str, function: str, grid: tuple[int, ...], block: int,
                args: tuple, shared_mem: int = 0) -> None:
-        fn = self.kernel(module, function)
-        with self.device, self.stream:
-            fn(grid, (block,), args, shared_mem=shared_mem)
+        """Queue a kernel on the current stream (public entry points make Engine.stream current)."""
+        self.kernel(module, function)(grid, (block,), args, shared_mem=shared_mem)
 
     # -- memory -----------------------------------------------------------------------------
+    @on_stream
     def htod(self, a: np.ndarray) -> "cp.ndarray":
         """Host -> device copy on the engine stream."""
-        with self.device, self.stream:
-            out = cp.empty(np.shape(a), dtype=np.asarray(a).dtype)
-            out.set(np.ascontiguousarray(a), stream=self.stream)
+        out = cp.empty(np.shape(a), dtype=np.asarray(a).dtype)
+        out.set(np.ascontiguousarray(a), stream=self.stream)
         return out
 
     def dtoh(self, d: Any) -> np.ndarray:
@@ -104,13 +122,13 @@ class Engine:
         with self.device:
             return cp.asnumpy(d)
 
+    @on_stream
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> "cp.ndarray":
-        with self.device, self.stream:
-            return cp.empty(shape, dtype=dtype)
+        return cp.empty(shape, dtype=dtype)
 
+    @on_stream
     def zeros(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> "cp.ndarray":
-        with self.device, self.stream:
-            return cp.zeros(shape, dtype=dtype)
+        return cp.zeros(shape, dtype=dtype)
 
     def synchronize(self) -> None:
         self.stream.synchronize()
@@ -160,6 +178,7 @@ class Engine:
         return arr
 
     # -- primitives ---------------------------------------------------------------------------
+    @on_stream
     def matmul(self, w: GpuTensor, x: Any, m: int, *, out: Any = None,
                add_to: Any = None) -> "cp.ndarray":
         """[m, K] . W^T -> [m, N]; with `add_to` ([m, N]) the result is add_to + x.W^T."""
@@ -171,6 +190,7 @@ class Engine:
         self.linear(w, x, m, out, "add" if res is not None else "store", res)
         return out
 
+    @on_stream
     def matmul_silu_mul(self, w_gate_up: GpuTensor, x: Any, m: int, *,
                         out: Any = None) -> "cp.ndarray":
         """Fused gate/up weight (rows in groups of 8 gate then 8 up) -> silu(gate) * up."""
@@ -208,6 +228,7 @@ class Engine:
                     (w.data, scales, x, np.int64(ldx), out, np.int64(ldy), res, np.int64(ldr),
                      np.int32(m), np.int32(n), np.int32(k)))
 
+    @on_stream
     def rms_norm(self, x: Any, w: Any, eps: float, *, out: Any = None) -> "cp.ndarray":
         """Row-wise RMSNorm of x [rows, n] with weight w [n]; per-head norm = x viewed
         [rows*heads, head_dim]."""
@@ -230,6 +251,7 @@ class Engine:
         self.launch("norm", "rms_norm_rows", (rows,), 256 if n >= 256 else 64,
                     (x, np.int64(n), w, out, np.int64(n), np.int32(n), np.float32(eps)))
 
+    @on_stream
     def rope_neox(self, x: Any, pos: Any, n_heads: int, head_dim: int, theta: float, *,
                   scale: float = 1.0, norm_w: Any = None, eps: float = 1e-6,
                   out: Any = None) -> "cp.ndarray":
@@ -258,6 +280,7 @@ class Engine:
                          np.int32(n_heads), np.int32(head_dim), np.float32(eps)))
         return out
 
+    @on_stream
     def attention(self, q: Any, k: Any, v: Any, q_pos: Any, k_pos: Any, n_head: int,
                   n_kv: int, head_dim: int, *, window: int | None = None,
                   out: Any = None) -> "cp.ndarray":
@@ -278,48 +301,53 @@ class Engine:
         out = self._out(out, "out", m, n_head * head_dim)
         if n == 0:
             raise ShapeError("k: attention needs at least one key")
-        group = n_head // n_kv
-        chunk = max(1, 128 // group)     # query rows per launch: R = group * rows <= 128
-        scratch = AttentionScratch.for_shape(self, n_head, chunk, head_dim, n)
-        for r0 in range(0, m, chunk):
-            r1 = min(m, r0 + chunk)
-            self.attention_into(qa[r0:r1], ka, va, qp[r0:r1], kp, r1 - r0, n, n_head, n_kv,
-                                head_dim, window or 0, out[r0:r1], scratch)
+        scratch = AttentionScratch(self, n_head, min(m, max(1, 128 // (n_head // n_kv))),
+                                   head_dim, max_splits=min(64, (n + ATT_T - 1) // ATT_T))
+        self.attention_into(qa, ka, va, qp, kp, m, n, n_head, n_kv, head_dim, window or 0, out,
+                            scratch)
         return out
 
     def attention_into(self, q: "cp.ndarray", k: "cp.ndarray", v: "cp.ndarray",
                        q_pos: "cp.ndarray", k_pos: "cp.ndarray", m: int, n_keys: int,
                        n_head: int, n_kv: int, hd: int, window: int, out: "cp.ndarray",
                        scratch: "AttentionScratch") -> None:
-        """Unchecked split-KV attention launch pair (partial + combine)."""
+        """Unchecked split-KV attention (partial + combine launches), in query chunks of at
+        most scratch.n_q rows (the kernel holds R = group * rows <= 128 query rows)."""
+        for r0 in range(0, m, scratch.n_q):
+            rows = min(scratch.n_q, m - r0)
+            self._attention_chunk(q[r0:], k, v, q_pos[r0:], k_pos, rows, n_keys, n_head, n_kv,
+                                  hd, window, out[r0:], scratch)
+
+    def _attention_chunk(self, q: "cp.ndarray", k: "cp.ndarray", v: "cp.ndarray",
+                         q_pos: "cp.ndarray", k_pos: "cp.ndarray", m: int, n_keys: int,
+                         n_head: int, n_kv: int, hd: int, window: int, out: "cp.ndarray",
+                         scratch: "AttentionScratch") -> None:
         group = n_head // n_kv
         rows = group * m
         rpt = 1 << max(0, math.ceil(math.log2(max(1, (rows + 15) // 16))))
         rstep = ATT_THREADS // (hd // 4)
         orpt = 1 << max(0, math.ceil(math.log2(max(1, (16 * rpt + rstep - 1) // rstep))))
         tiles = (n_keys + ATT_T - 1) // ATT_T
-        splits = max(1, min(scratch.max_splits, tiles,
-                            (2 * self.sm_count + n_kv - 1) // n_kv))
+        splits = max(1, min(scratch.max_splits, tiles, (2 * self.sm_count + n_kv - 1) // n_kv))
         keys_per_split = (tiles + splits - 1) // splits * ATT_T
         splits = (n_keys + keys_per_split - 1) // keys_per_split
         hs = hd + 4
         smem = 4 * (16 * rpt * hs + 2 * ATT_T * hs + ATT_T * 16 * rpt + 16 * rpt + ATT_T)
-        fn = self.kernel("attention", f"attn_partial_r{rpt}_o{orpt}")
-        if smem > 48 * 1024 and getattr(fn, "_pydflash_smem", 0) < smem:
+        name = f"attn_partial_r{rpt}_o{orpt}"
+        fn = self.kernel("attention", name)
+        if smem > 48 * 1024 and self._smem_set.get(name, 0) < smem:
             fn.max_dynamic_shared_size_bytes = smem
-            fn._pydflash_smem = smem
-        ldq = q.strides[0] // 4
-        ldkv = k.strides[0] // 4
-        with self.device, self.stream:
-            fn((n_kv, splits), (ATT_THREADS,),
-               (q, np.int64(ldq), k, v, np.int64(ldkv), q_pos, k_pos, np.int32(m),
-                np.int32(n_keys), np.int32(n_head), np.int32(n_kv), np.int32(hd),
-                np.int32(window), np.float32(hd ** -0.5), np.int32(keys_per_split),
-                scratch.o_part, scratch.ml_part), shared_mem=smem)
+            self._smem_set[name] = smem
+        fn((n_kv, splits), (ATT_THREADS,),
+           (q, np.int64(q.strides[0] // 4), k, v, np.int64(k.strides[0] // 4), q_pos, k_pos,
+            np.int32(m), np.int32(n_keys), np.int32(n_head), np.int32(n_kv), np.int32(hd),
+            np.int32(window), np.float32(hd ** -0.5), np.int32(keys_per_split),
+            scratch.o_part, scratch.ml_part), shared_mem=smem)
         self.launch("attention", "attn_combine", (n_head * m,), hd,
                     (scratch.o_part, scratch.ml_part, out, np.int64(out.strides[0] // 4),
                      np.int32(m), np.int32(n_head), np.int32(hd), np.int32(splits)))
 
+    @on_stream
     def silu_mul(self, gate: Any, up: Any, *, out: Any = None) -> "cp.ndarray":
         g = self.as_device_array(gate, "gate")
         self._check_f32(g, "gate")
@@ -328,6 +356,7 @@ class Engine:
         self._elementwise("silu_mul_f32", (g, u, out, np.int64(g.size)), g.size)
         return out
 
+    @on_stream
     def add(self, a: Any, b: Any, *, out: Any = None) -> "cp.ndarray":
         aa = self.as_device_array(a, "a")
         self._check_f32(aa, "a")
@@ -336,6 +365,7 @@ class Engine:
         self._elementwise("add_f32", (aa, bb, out, np.int64(aa.size)), aa.size)
         return out
 
+    @on_stream
     def add_row_inplace(self, x: Any, row: Any) -> "cp.ndarray":
         """x [rows, n] += row [n] (a bias broadcast over rows), in place."""
         r = self.as_device_array(row, "row").reshape(-1)
@@ -348,6 +378,7 @@ class Engine:
                           (xa, r, np.int64(xa.shape[0]), np.int64(r.size)), xa.size)
         return x
 
+    @on_stream
     def gather_row_bf16(self, table: GpuTensor | Any, ids: Any, *,
                         out: Any = None) -> "cp.ndarray":
         """Rows of a bf16 table [V, H] (GpuTensor or uint16 device array) -> f32 [len(ids), H].
@@ -375,6 +406,7 @@ class Engine:
                                np.int64(out.strides[0] // 4 if out.ndim == 2 else cols),
                                np.int32(n_ids), np.int64(cols)), n_ids * cols)
 
+    @on_stream
     def argmax_rows(self, x: Any, *, out: Any = None) -> "cp.ndarray":
         """Row argmax of x [rows, n] (ties: lowest index) -> int32 [rows]."""
         xa = self.as_device_array(x, "x")
@@ -395,6 +427,7 @@ class Engine:
         self._elementwise("softcap_inplace", (x, np.int64(x.size), np.float32(cap)), x.size)
 
     # -- weight formats on the device ---------------------------------------------------------
+    @on_stream
     def quantize(self, src: "cp.ndarray", fmt: str) -> GpuTensor:
         """f32 or bf16-bits [N, K] device matrix -> GGML-exact q8_0 / q4_0 GpuTensor."""
         n, k = src.shape
@@ -418,9 +451,9 @@ class Engine:
         self._elementwise(f"ggml_split_{fmt}", (ggml, data, scales, np.int64(nblocks)), nblocks)
         return GpuTensor(fmt, n, k, data, scales)
 
+    @on_stream
     def bf16_to_f32(self, bits: "cp.ndarray") -> "cp.ndarray":
-        with self.device, self.stream:
-            return (bits.astype(np.uint32) << 16).view(np.float32)
+        return (bits.astype(np.uint32) << 16).view(np.float32)
 
     # -- helpers ------------------------------------------------------------------------------
     def _elementwise(self, fn: str, args: tuple, n: int) -> None:
@@ -442,17 +475,13 @@ class Engine:
 
 
 class AttentionScratch:
-    """Partial-result buffers of split-KV attention, sized once (no allocation per call)."""
+    """Partial-result buffers of split-KV attention for up to n_q query rows a launch, sized
+    once (no allocation per call)."""
 
     def __init__(self, e: Engine, n_head: int, n_q: int, head_dim: int, max_splits: int = 64):
-        self.max_splits = max_splits
+        self.n_q, self.max_splits = n_q, max_splits
         self.o_part = e.empty((max_splits, n_head, n_q, head_dim), np.float32)
         self.ml_part = e.empty((max_splits, n_head, n_q, 2), np.float32)
-
-    @classmethod
-    def for_shape(cls, e: Engine, n_head: int, n_q: int, head_dim: int,
-                  n_keys: int) -> "AttentionScratch":
-        return cls(e, n_head, n_q, head_dim, max_splits=min(64, (n_keys + ATT_T - 1) // ATT_T))
 
 
 def _check_attention_geometry(n_head: int, n_kv: int, head_dim: int) -> None:
@@ -489,7 +518,6 @@ def _from_cuda_array_interface(obj: Any) -> "cp.ndarray":
     return cp.ndarray(tuple(cai["shape"]), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
 
 
-def _null() -> "cp.ndarray | int":
-    """A null device pointer argument (CuPy accepts 0 for pointer parameters? no: use a tiny
-    array would be wrong) -- kernels test for nullptr, so pass a zero-sized pointer."""
+def _null() -> Any:
+    """A null device pointer argument (the kernels test optional pointers against nullptr)."""
     return np.uintp(0)

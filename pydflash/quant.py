@@ -94,7 +94,10 @@ def _as_blockable_matrix(a: ArrayLike, fmt: str) -> np.ndarray:
 
 
 def _f32_block_chunks(x: np.ndarray, fmt: str) -> Iterator[tuple[slice, np.ndarray]]:
-    """Yield (block slice, float32 [n, 32] blocks) over row chunks of a validated matrix."""
+    """Yield (block slice, float32 [n, 32] blocks) over row chunks of a validated matrix.
+
+    Non-finite values are refused: GGML would turn them into garbage bytes silently.
+    """
     rows, cols = x.shape
     step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
     per_row = cols // QK
@@ -115,8 +118,18 @@ def _reciprocal_or_zero(d: np.ndarray) -> np.ndarray:
     return inv
 
 
-def _f16_le_bytes(d: np.ndarray) -> np.ndarray:
-    """float32 scales -> [n, 2] little-endian IEEE half bytes (RNE, subnormals kept)."""
+def _f16_le_bytes(d: np.ndarray, fmt: str, blocks: slice, cols: int) -> np.ndarray:
+    """float32 scales -> [n, 2] little-endian IEEE half bytes (RNE, subnormals kept).
+
+    A scale that rounds to f16 inf (|d| >= 65520) would decode the whole block to inf/NaN,
+    so it is refused, naming the row.
+    """
+    too_big = np.abs(d) >= np.float32(65520.0)
+    if too_big.any():
+        row = (blocks.start + int(np.argmax(too_big))) * QK // cols
+        raise QuantizationError(
+            f"{fmt}: row {row} has values too large for an f16 block scale (|d| >= 65520)"
+        )
     return d.astype("<f2").view(np.uint8).reshape(-1, 2)
 
 
@@ -168,7 +181,7 @@ def encode_q8_0(a: ArrayLike) -> np.ndarray:
         t = np.trunc(v)
         frac = v - t
         q = t + (frac >= 0.5) - (frac <= -0.5)
-        out[blocks_slice, :2] = _f16_le_bytes(d)
+        out[blocks_slice, :2] = _f16_le_bytes(d, "q8_0", blocks_slice, x.shape[1])
         out[blocks_slice, 2:] = q.astype(np.int8).view(np.uint8)
     return out.reshape(-1)
 
@@ -201,7 +214,7 @@ def encode_q4_0(a: ArrayLike) -> np.ndarray:
         d = m / np.float32(-8.0)
         w = xb * _reciprocal_or_zero(d)[:, None] + np.float32(8.5)  # two float32 roundings
         q = np.minimum(w.astype(np.int8), 15).view(np.uint8)  # (int8_t) truncates
-        out[blocks_slice, :2] = _f16_le_bytes(d)
+        out[blocks_slice, :2] = _f16_le_bytes(d, "q4_0", blocks_slice, x.shape[1])
         out[blocks_slice, 2:] = q[:, : QK // 2] | (q[:, QK // 2 :] << 4)
     return out.reshape(-1)
 

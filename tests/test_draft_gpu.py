@@ -1,0 +1,202 @@
+"""The GPU drafter against pydflash.reference, fed the weights the GPU holds (skipped without
+a CUDA device)."""
+import numpy as np
+import pytest
+
+from pydflash import ReferenceDraft
+from pydflash.errors import CapacityError, CheckpointError, ShapeError
+from tools.make_checkpoint import make_checkpoint
+
+cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
+
+TOL = {"f32": 1e-4, "bf16": 5e-3, "q8_0": 2e-2, "q4_0": 2e-2, "mixed": 2e-2}
+PRECISIONS = list(TOL)
+# A small geometry that still exercises the real kernel paths: hd 64, GQA 4, block 16, several
+# attention splits, rows that are not multiples of the tile sizes.
+MEDIUM = {"hidden": 256, "n_head": 8, "n_kv": 2, "head_dim": 64, "n_ff": 704, "n_layer": 2,
+          "block_size": 16, "vocab": 1000, "mask_token_id": 999}
+
+
+def rel(a, b):
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    return {
+        "tiny": make_checkpoint(root / "tiny", "tiny", seed=11),
+        "medium": make_checkpoint(root / "medium", "tiny", overrides=MEDIUM, seed=12),
+        "swa": make_checkpoint(root / "swa", "tiny-swa", seed=13),
+        "dspark": make_checkpoint(root / "dspark", "tiny-dspark", seed=14),
+        "gated": make_checkpoint(root / "gated", "tiny", markov="gated", seed=15),
+        "rnn": make_checkpoint(root / "rnn", "tiny", markov="rnn", seed=16),
+    }
+
+
+def inputs(cfg, ctx, rng):
+    taps = rng.standard_normal((ctx, cfg.n_taps * cfg.hidden)).astype(np.float32)
+    noise = (rng.standard_normal((cfg.block_size, cfg.hidden)) * 0.5).astype(np.float32)
+    pos = np.arange(ctx + cfg.block_size, dtype=np.int32) + int(rng.integers(0, 100))
+    return taps, noise, pos
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name,ctx", [("tiny", 5), ("medium", 300)])
+def test_forward_paths_match_reference(engine, ckpts, rng, precision, name, ctx):
+    from pydflash import DflashDraft, DflashKv
+
+    e = engine
+    d = DflashDraft.load(e, ckpts[name], precision)
+    ref = ReferenceDraft(d.cfg, d.reference_weights(), np.float64)
+    taps, noise, pos = inputs(d.cfg, ctx, rng)
+    expect = ref.forward(taps, noise, pos, ctx)
+    d_taps, d_noise = e.htod(taps), e.htod(noise)
+
+    full = e.dtoh(d.forward(e, d_taps, d_noise, pos, ctx))
+    assert rel(full, expect) < TOL[precision]
+    feats = d.ctx_features(e, d_taps, ctx)
+    assert rel(e.dtoh(feats), ref.ctx_features(taps, ctx)) < TOL[precision]
+    block = e.dtoh(d.forward_block(e, feats, d_noise, pos, ctx))
+    # cached path: ingest in uneven chunks, then a round
+    kv = DflashKv(e, d.cfg, ctx + 7)
+    cut = [0, ctx // 3, ctx // 3 + 1, ctx]
+    for a, b in zip(cut, cut[1:]):
+        d.ingest_ctx(e, kv, feats[a:b], pos[a:b], b - a)
+    assert kv.len == ctx
+    rnd = e.dtoh(d.forward_round(e, kv, d_noise, pos[ctx:]))
+    assert rel(rnd, expect) < TOL[precision]
+    np.testing.assert_array_equal(rnd, block)          # same kernels: bit-identical
+    np.testing.assert_array_equal(block, full)
+
+
+def test_round_leaves_kv_and_rollback_discards(engine, ckpts, rng):
+    from pydflash import DflashDraft, DflashKv
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["medium"], "bf16")
+    taps, noise, pos = inputs(d.cfg, 40, rng)
+    feats = d.ctx_features(e, e.htod(taps), 40)
+    kv = DflashKv(e, d.cfg, 64)
+    d.ingest_ctx(e, kv, feats, pos[:40], 40)
+    before = [e.dtoh(kv.k[0][:40]), e.dtoh(kv.v[1][:40])]
+    first = e.dtoh(d.forward_round(e, kv, e.htod(noise), pos[40:]))
+    assert kv.len == 40
+    np.testing.assert_array_equal(e.dtoh(kv.k[0][:40]), before[0])
+    np.testing.assert_array_equal(e.dtoh(kv.v[1][:40]), before[1])
+    # roll back 10 rows and re-ingest other rows: equals forward_block of the new ctx
+    kv.len = 30
+    other = rng.standard_normal((10, d.cfg.n_taps * d.cfg.hidden)).astype(np.float32)
+    f2 = d.ctx_features(e, e.htod(other), 10)
+    d.ingest_ctx(e, kv, f2, pos[30:40], 10)
+    feats_all = cp.concatenate([feats[:30], f2])
+    rnd = e.dtoh(d.forward_round(e, kv, e.htod(noise), pos[40:]))
+    blk = e.dtoh(d.forward_block(e, feats_all, e.htod(noise), pos, 40))
+    np.testing.assert_array_equal(rnd, blk)
+    assert not np.array_equal(rnd, first)
+    with pytest.raises(CapacityError):
+        kv.len = 41
+
+
+def test_sliding_window_far_past_the_window(engine, ckpts, rng):
+    from pydflash import DflashDraft, DflashKv
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["swa"], "f32")
+    assert d.cfg.sliding_window == 8 and any(d.cfg.layer_sliding)
+    ctx = 90
+    taps, noise, pos = inputs(d.cfg, ctx, rng)
+    ref = ReferenceDraft(d.cfg, d.reference_weights(), np.float64)
+    expect = ref.forward(taps, noise, pos, ctx)
+    kv = DflashKv(e, d.cfg, ctx)
+    d.ingest_ctx(e, kv, d.ctx_features(e, e.htod(taps), ctx), pos[:ctx], ctx)
+    got = e.dtoh(d.forward_round(e, kv, e.htod(noise), pos[ctx:]))
+    assert rel(got, expect) < TOL["f32"]
+    # the window matters: without it the answer is different
+    import dataclasses
+    no_window = ReferenceDraft(dataclasses.replace(d.cfg, layer_sliding=(False,) * d.cfg.n_layer),
+                               d.reference_weights(), np.float64)
+    assert rel(no_window.forward(taps, noise, pos, ctx), expect) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["tiny", "dspark", "gated", "rnn"])
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_draft_tokens_match_reference(engine, ckpts, rng, name, softcap):
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, ckpts[name], "f32")
+    cfg = d.cfg
+    ref = ReferenceDraft(cfg, d.reference_weights(), np.float64)
+    hidden = rng.standard_normal((cfg.block_size, cfg.hidden)).astype(np.float32)
+    lm = (rng.standard_normal((cfg.vocab_size or 256, cfg.hidden)) / 4).astype(np.float32)
+    last = int(rng.integers(0, lm.shape[0]))
+    got = e.dtoh(d.draft_tokens(e, e.htod(hidden), e.htod(lm), last, logit_softcap=softcap))
+    expect = ref.draft_tokens(hidden, lm, last, logit_softcap=softcap)
+    assert len(got) == len(cfg.draft_rows())
+    np.testing.assert_array_equal(got, expect)
+
+
+def test_draft_tokens_bf16_lm_head_and_checkpoint_lm_head(engine, ckpts, rng):
+    from pydflash import DflashDraft
+    from pydflash import quant
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["dspark"], "bf16")   # carries lm_head: used when none given
+    cfg = d.cfg
+    hidden = rng.standard_normal((cfg.block_size, cfg.hidden)).astype(np.float32)
+    got = e.dtoh(d.draft_tokens(e, e.htod(hidden), None, 3))
+    ref = ReferenceDraft(cfg, {**d.reference_weights(),
+                               "lm_head.weight": d.lm_head.dequantize()}, np.float64)
+    np.testing.assert_array_equal(got, ref.draft_tokens(hidden, d.lm_head.dequantize(), 3))
+    bits = e.htod(quant.bf16_bits_from_f32(d.lm_head.dequantize()))
+    np.testing.assert_array_equal(e.dtoh(d.draft_tokens(e, e.htod(hidden), bits, 3)), got)
+
+
+def test_bad_inputs_leave_kv_and_draft_intact(engine, ckpts, rng):
+    from pydflash import DflashDraft, DflashKv
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["tiny"], "bf16")
+    cfg = d.cfg
+    taps, noise, pos = inputs(cfg, 6, rng)
+    feats = d.ctx_features(e, e.htod(taps), 6)
+    kv = DflashKv(e, cfg, 8)
+    d.ingest_ctx(e, kv, feats, pos[:6], 6)
+    snap = [e.dtoh(kv.k[0]).copy(), e.dtoh(kv.pos).copy()]
+    good = e.dtoh(d.forward_round(e, kv, e.htod(noise), pos[6:]))
+
+    with pytest.raises(CapacityError, match="exceed cap 8"):
+        d.ingest_ctx(e, kv, feats[:3], pos[:3], 3)
+    with pytest.raises(ShapeError, match="feats"):
+        d.ingest_ctx(e, kv, feats[:2], pos[:2], 1)
+    with pytest.raises(ShapeError, match="pos_new"):
+        d.ingest_ctx(e, kv, feats[:2], [0, -5], 2)
+    with pytest.raises(ShapeError, match="pos_block"):
+        d.forward_round(e, kv, e.htod(noise), pos[:3])
+    with pytest.raises(ShapeError, match="noise_emb"):
+        d.forward_round(e, kv, e.htod(noise[:3]), pos[6:])
+    with pytest.raises(ShapeError, match="dtype"):
+        d.forward_round(e, kv, e.htod(noise.astype(np.float64)), pos[6:])
+    with pytest.raises(ShapeError, match="host numpy"):
+        d.forward_round(e, kv, noise, pos[6:])
+    other = DflashKv(e, __import__("dataclasses").replace(cfg, n_layer=1, layer_sliding=(False,)), 8)
+    with pytest.raises(ShapeError, match="kv: built for"):
+        d.forward_round(e, other, e.htod(noise), pos[6:])
+    with pytest.raises(ShapeError, match="last"):
+        d.draft_tokens(e, e.htod(noise), e.htod(np.ones((256, cfg.hidden), np.float32)), 256)
+    with pytest.raises(ShapeError, match="lm_head"):
+        d.draft_tokens(e, e.htod(noise), e.htod(np.ones((256, 7), np.float32)), 1)
+    assert kv.len == 6
+    np.testing.assert_array_equal(e.dtoh(kv.k[0])[:6], snap[0][:6])
+    np.testing.assert_array_equal(e.dtoh(kv.pos)[:6], snap[1][:6])
+    np.testing.assert_array_equal(e.dtoh(d.forward_round(e, kv, e.htod(noise), pos[6:])), good)
+
+
+def test_load_errors(engine, tmp_path):
+    from pydflash import DflashDraft
+
+    with pytest.raises(ShapeError, match="precision"):
+        DflashDraft.load(engine, tmp_path, "fp8")
+    with pytest.raises(CheckpointError, match="config.json"):
+        DflashDraft.load(engine, tmp_path, "bf16")

@@ -1,0 +1,203 @@
+"""GPU primitives against NumPy on fresh random inputs (skipped without a CUDA device)."""
+import numpy as np
+import pytest
+
+from pydflash import quant, reference
+from pydflash.errors import ShapeError
+
+cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
+
+
+def rel(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def poisoned(e, shape):
+    """An output buffer full of NaN, so an unwritten element fails the comparison."""
+    out = e.empty(shape)
+    out.fill(np.nan)
+    return out
+
+
+# -- linear ----------------------------------------------------------------------------------
+LINEAR_TOL = {"f32": 2e-6, "bf16": 2e-5, "q8_0": 2e-5, "q4_0": 2e-5}
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 32), (5, 96, 160), (8, 128, 256), (16, 200, 96),
+                                   (37, 48, 544)])
+def test_matmul_store_and_add(engine, rng, fmt, m, n, k):
+    from pydflash import GpuTensor
+
+    e = engine
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    wd = w.dequantize().astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = e.matmul(w, e.htod(x), m, out=poisoned(e, (m, n)))
+    assert rel(e.dtoh(y), x @ wd.T) < LINEAR_TOL[fmt]
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    d_res = e.htod(res)
+    y2 = e.matmul(w, e.htod(x), m, out=d_res, add_to=d_res)    # in place, like the residual
+    assert rel(e.dtoh(y2), res + x @ wd.T) < LINEAR_TOL[fmt]
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("m", [3, 16, 21])
+def test_matmul_silu_mul_interleaved(engine, rng, fmt, m):
+    from pydflash import GpuTensor
+
+    e, n_ff, k = engine, 48, 128
+    gate = rng.standard_normal((n_ff, k)).astype(np.float32) / np.sqrt(k)
+    up = rng.standard_normal((n_ff, k)).astype(np.float32) / np.sqrt(k)
+    fused = np.stack([gate.reshape(-1, 8, k), up.reshape(-1, 8, k)], axis=1).reshape(-1, k)
+    w = GpuTensor.from_host(e, fused, fmt)
+    wd = w.dequantize().astype(np.float64).reshape(-1, 2, 8, k)
+    gd, ud = wd[:, 0].reshape(n_ff, k), wd[:, 1].reshape(n_ff, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = e.matmul_silu_mul(w, e.htod(x), m, out=poisoned(e, (m, n_ff)))
+    g = x @ gd.T
+    assert rel(e.dtoh(y), g / (1 + np.exp(-g)) * (x @ ud.T)) < LINEAR_TOL[fmt] * 2
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("src", ["f32", "bf16"])
+def test_device_quantization_is_ggml_exact(engine, rng, fmt, src):
+    from pydflash import GpuTensor
+
+    a = rng.standard_normal((40, 256)).astype(np.float32) * rng.uniform(0.01, 3, (40, 1))
+    a[3, :32] = 0.0                                           # an all-zero block
+    a[5, 7] = -a[5, 7:39].__abs__().max() * 2                 # a negative extreme
+    if src == "bf16":
+        a = quant.to_bf16(a)
+    w = GpuTensor.from_host(engine, a, fmt)
+    expect = (quant.encode_q8_0 if fmt == "q8_0" else quant.encode_q4_0)(a)
+    np.testing.assert_array_equal(w.ggml_bytes(), expect)
+    decode = quant.decode_q8_0 if fmt == "q8_0" else quant.decode_q4_0
+    np.testing.assert_array_equal(w.dequantize(), decode(expect, a.shape))
+
+
+def test_bf16_weight_keeps_bits_and_wrap_is_zero_copy(engine, rng):
+    from pydflash import GpuTensor
+
+    a = rng.standard_normal((64, 96)).astype(np.float32)
+    w = GpuTensor.from_host(engine, a, "bf16")
+    np.testing.assert_array_equal(w.dequantize(), quant.from_bf16(quant.to_bf16(a)))
+    bits = engine.htod(quant.bf16_bits_from_f32(a))
+    wrapped = GpuTensor.wrap(engine, bits)
+    assert wrapped.fmt == "bf16" and wrapped.data.data.ptr == bits.data.ptr
+    f = engine.htod(a)
+    assert GpuTensor.wrap(engine, f).data.data.ptr == f.data.ptr
+    assert wrapped.ne == (96, 64) and wrapped.shape == (64, 96)
+
+
+# -- norms, rope, attention ------------------------------------------------------------------
+@pytest.mark.parametrize("rows,n", [(1, 64), (7, 4096), (16, 2880), (33, 17)])
+def test_rms_norm(engine, rng, rows, n):
+    x = rng.standard_normal((rows, n)).astype(np.float32) * 3
+    w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    y = engine.rms_norm(engine.htod(x), engine.htod(w), 1e-6, out=poisoned(engine, (rows, n)))
+    assert rel(engine.dtoh(y), reference.rms_norm(x.astype(np.float64), w, 1e-6)) < 1e-6
+
+
+@pytest.mark.parametrize("heads,hd", [(4, 16), (8, 64), (3, 128), (2, 256)])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_rope_neox(engine, rng, heads, hd, with_norm):
+    rows = 11
+    x = rng.standard_normal((rows, heads * hd)).astype(np.float32)
+    pos = rng.integers(0, 40000, rows).astype(np.int32)
+    nw = rng.uniform(0.5, 1.5, hd).astype(np.float32)
+    y = engine.rope_neox(engine.htod(x), pos, heads, hd, 1e6,
+                         norm_w=engine.htod(nw) if with_norm else None, eps=1e-6)
+    xr = x.reshape(rows, heads, hd).astype(np.float64)
+    if with_norm:
+        xr = reference.rms_norm(xr, nw, 1e-6)
+    expect = reference.rope_neox(xr, pos, reference.rope_inv_freq(hd, 1e6))
+    assert rel(engine.dtoh(y), expect.reshape(rows, -1)) < 2e-6
+
+
+@pytest.mark.parametrize("nh,nkv,hd,m,n,window", [
+    (4, 2, 16, 8, 8, None), (32, 8, 128, 16, 4112, None), (8, 8, 64, 16, 333, None),
+    (16, 2, 64, 8, 700, None), (4, 1, 32, 5, 97, 7), (32, 16, 128, 16, 2100, 1024),
+    (6, 3, 16, 1, 1, None), (64, 8, 64, 8, 65, 3)])
+def test_attention(engine, rng, nh, nkv, hd, m, n, window):
+    q = rng.standard_normal((m, nh, hd)).astype(np.float32)
+    k = rng.standard_normal((n, nkv, hd)).astype(np.float32)
+    v = rng.standard_normal((n, nkv, hd)).astype(np.float32)
+    kpos = rng.permutation(n + m)[:n].astype(np.int32)      # positions need not be row order
+    qpos = rng.integers(0, n + m, m).astype(np.int32)
+    y = engine.attention(engine.htod(q.reshape(m, -1)), engine.htod(k.reshape(n, -1)),
+                         engine.htod(v.reshape(n, -1)), qpos, kpos, nh, nkv, hd, window=window,
+                         out=poisoned(engine, (m, nh * hd)))
+    # reference: a query with no visible key is impossible there; give every query one
+    expect = reference.attention(q.astype(np.float64), k.astype(np.float64),
+                                 v.astype(np.float64), qpos, kpos, window) \
+        if window is None else _windowed_reference(q, k, v, qpos, kpos, window)
+    got = engine.dtoh(y)
+    visible = ~np.isnan(expect).any(axis=1)
+    assert visible.any()
+    assert rel(got[visible], expect[visible]) < 1e-5
+
+
+def _windowed_reference(q, k, v, qpos, kpos, window):
+    """Per-query reference that leaves rows with no visible key as NaN (GPU output: NaN)."""
+    m, nh, hd = q.shape
+    out = np.full((m, nh * hd), np.nan)
+    for i in range(m):
+        vis = np.abs(kpos.astype(np.int64) - qpos[i]) <= window - 1
+        if vis.any():
+            out[i] = reference.attention(q[i:i + 1].astype(np.float64), k[vis].astype(np.float64),
+                                         v[vis].astype(np.float64), qpos[i:i + 1], kpos[vis],
+                                         window)[0]
+    return out
+
+
+# -- elementwise, gather, argmax -----------------------------------------------------------------
+def test_elementwise(engine, rng):
+    e = engine
+    a = rng.standard_normal((13, 77)).astype(np.float32)
+    b = rng.standard_normal((13, 77)).astype(np.float32)
+    assert rel(e.dtoh(e.add(e.htod(a), e.htod(b))), a + b) < 1e-7
+    s = e.dtoh(e.silu_mul(e.htod(a), e.htod(b)))
+    assert rel(s, a / (1 + np.exp(-a.astype(np.float64))) * b) < 1e-6
+    row = rng.standard_normal(77).astype(np.float32)
+    d = e.htod(a)
+    e.add_row_inplace(d, e.htod(row))
+    assert rel(e.dtoh(d), a + row) < 1e-7
+
+
+def test_gather_row_bf16(engine, rng):
+    table = quant.to_bf16(rng.standard_normal((50, 96)).astype(np.float32))
+    t = engine.htod(table.view(np.uint16))
+    ids = rng.integers(0, 50, 9).astype(np.int32)
+    got = engine.dtoh(engine.gather_row_bf16(t, ids))
+    np.testing.assert_array_equal(got, quant.from_bf16(table)[ids])
+    bad = engine.dtoh(engine.gather_row_bf16(t, engine.htod(np.array([3, 50], np.int32))))
+    assert np.isnan(bad[1]).all() and not np.isnan(bad[0]).any()
+
+
+def test_argmax_rows_ties_take_lowest(engine, rng):
+    x = rng.standard_normal((5, 151936)).astype(np.float32)
+    x[2, [17, 90000]] = 100.0                  # a tie: the lower index wins
+    x[4, -1] = 1e9
+    got = engine.dtoh(engine.argmax_rows(engine.htod(x)))
+    np.testing.assert_array_equal(got, np.argmax(x, axis=1))
+    assert got[2] == 17 and got[4] == 151935
+
+
+def test_bad_arguments_raise_before_launch(engine, rng):
+    from pydflash import GpuTensor
+
+    e = engine
+    w = GpuTensor.from_host(e, rng.standard_normal((32, 64)).astype(np.float32), "bf16")
+    with pytest.raises(ShapeError, match="x: expected 3x64"):
+        e.matmul(w, e.htod(np.ones((3, 65), np.float32)), 3)
+    with pytest.raises(ShapeError, match="dtype must be float32"):
+        e.matmul(w, e.htod(np.ones((3, 64), np.float64)), 3)
+    with pytest.raises(ShapeError, match="host numpy array"):
+        e.matmul(w, np.ones((3, 64), np.float32), 3)
+    with pytest.raises(ShapeError, match="head_dim"):
+        e.attention(e.empty((1, 48)), e.empty((2, 48)), e.empty((2, 48)), [0], [0, 1], 1, 1, 48)
+    with pytest.raises(ShapeError, match="pos"):
+        e.rope_neox(e.empty((2, 32)), [0, -1], 2, 16, 1e4)

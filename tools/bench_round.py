@@ -1,0 +1,147 @@
+"""Benchmark the drafter's hot paths against their memory floors, with CUDA events.
+
+    python tools/bench_round.py [--preset qwen3-8b-b16 | --ckpt DIR] [--precision bf16 q8_0]
+                                [--ctx 4096] [--rounds 200]
+
+For each precision: forward_round at ctx, ingest_ctx of 1 and of 4096 rows, draft_tokens with a
+synthetic bf16 lm_head of the target's vocabulary. Each median sits beside its floor = bytes the
+op must read / the device-to-device copy bandwidth measured in the same run, and the ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pydflash.draft import PRECISIONS  # noqa: E402
+from tools.make_checkpoint import PRESETS, make_checkpoint  # noqa: E402
+
+
+def timed(cp, stream, fn, repeats: int, warmup: int = 5, setup=None) -> float:
+    """Median milliseconds of fn() over `repeats` runs, each bracketed by CUDA events."""
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(warmup + repeats):
+        if setup is not None:
+            setup()
+        start.record(stream)
+        fn()
+        stop.record(stream)
+        stop.synchronize()
+        if i >= warmup:
+            times.append(cp.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def copy_bandwidth(cp, stream, nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    with stream:
+        src = cp.empty(nbytes // 4, np.float32)
+        src.fill(1.0)
+        dst = cp.empty_like(src)
+    ms = timed(cp, stream, lambda: dst.data.copy_from_device_async(src.data, nbytes, stream),
+               repeats=20)
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def bench_precision(cp, e, ckpt: Path, label: str, precision: str, ctx_arg: int, rounds: int,
+                    rng: np.random.Generator) -> list[tuple]:
+    """(label, precision, op, median ms, weight bytes, extra bytes) rows for one precision."""
+    from pydflash import DflashDraft, DflashKv
+
+    rows = []
+    t0 = time.perf_counter()
+    d = DflashDraft.load(e, ckpt, precision)
+    e.synchronize()
+    load_s = time.perf_counter() - t0
+    c = d.cfg
+    b, ctx = c.block_size, ctx_arg
+    big = max(ctx, 4096)
+    kv = DflashKv(e, c, big + 1)
+    feats = e.htod(rng.standard_normal((big, c.hidden), dtype=np.float32))
+    d.ingest_ctx(e, kv, feats[:ctx], np.arange(ctx), ctx)
+    noise = e.htod(rng.standard_normal((b, c.hidden), dtype=np.float32) * 0.02)
+    pos_block = list(range(ctx, ctx + b))
+    out = e.empty((b, c.hidden))
+
+    kv_bytes = 2 * 4 * (ctx + b) * c.kv_dim * c.n_layer
+    t_round = timed(cp, e.stream, lambda: d.forward_round(e, kv, noise, pos_block, out=out),
+                    rounds, warmup=20)
+    rows.append((label, precision, f"forward_round ctx {ctx}", t_round, d.weight_bytes,
+                 kv_bytes))
+
+    kv_w = sum(layer.kv.nbytes for layer in d.layers)
+
+    def roll_back(n=ctx):
+        kv.len = n
+    t_in1 = timed(cp, e.stream, lambda: d.ingest_ctx(e, kv, feats[:1], [ctx], 1),
+                  rounds, setup=roll_back)
+    rows.append((label, precision, "ingest_ctx 1 row", t_in1, kv_w, 0))
+    t_in4k = timed(cp, e.stream,
+                   lambda: d.ingest_ctx(e, kv, feats[:4096], np.arange(4096), 4096),
+                   max(5, rounds // 20), setup=lambda: roll_back(0))
+    rows.append((label, precision, "ingest_ctx 4096 rows", t_in4k, kv_w,
+                 2 * 4 * 4096 * c.kv_dim * c.n_layer + 4096 * c.hidden * 4))
+    roll_back(ctx)
+
+    vocab = c.vocab_size or 151936
+    lm_bits = cp.asarray(rng.integers(0x3c00, 0x3d00, (vocab, c.hidden), dtype=np.uint16))
+    lm_bits ^= cp.asarray(rng.integers(0, 2, (vocab, 1), dtype=np.uint16) << 15)
+    hidden = d.forward_round(e, kv, noise, pos_block)
+    t_draft = timed(cp, e.stream, lambda: d.draft_tokens(e, hidden, lm_bits, 1),
+                    max(10, rounds // 4))
+    draft_bytes = lm_bits.nbytes
+    if d.markov is not None:
+        draft_bytes += len(c.draft_rows()) * d.markov.w2.nbytes
+    rows.append((label, precision, f"draft_tokens V={vocab}", t_draft, draft_bytes, 0))
+    print(f"loaded {precision} in {load_s:.2f} s; layer weights "
+          f"{d.weight_bytes / 1e9:.3f} GB")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--preset", default="qwen3-8b-b16", choices=sorted(PRESETS))
+    ap.add_argument("--ckpt", help="an existing checkpoint directory instead of a preset")
+    ap.add_argument("--precision", nargs="+", default=["bf16", "q8_0"], choices=PRECISIONS)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=200)
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+
+    from pydflash import Engine
+
+    e = Engine(0)
+    bw = copy_bandwidth(cp, e.stream)
+    print(f"device {e.name} ({e.arch}, {e.sm_count} SMs); copy bandwidth {bw / 1e12:.3f} TB/s")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        ckpt = Path(args.ckpt) if args.ckpt else make_checkpoint(Path(tmp) / "c", args.preset)
+        label = args.ckpt or args.preset
+        print(f"checkpoint {label} ready in {time.perf_counter() - t0:.1f} s")
+        rng = np.random.default_rng()
+        for precision in args.precision:
+            rows += bench_precision(cp, e, ckpt, label, precision, args.ctx, args.rounds, rng)
+            cp.get_default_memory_pool().free_all_blocks()
+
+    # floor = weight bytes / bandwidth (the issue's definition); the last columns add the
+    # activation/KV bytes the op must also read.
+    print(f"\n{'checkpoint':16s} {'prec':5s} {'op':24s} {'median ms':>9s} {'floor ms':>9s} "
+          f"{'ratio':>6s} {'floor+KV ms':>11s} {'ratio':>6s}  weight GB")
+    for label, prec, op, ms, wbytes, extra in rows:
+        floor, floor_all = wbytes / bw * 1e3, (wbytes + extra) / bw * 1e3
+        print(f"{label:16s} {prec:5s} {op:24s} {ms:9.3f} {floor:9.3f} {ms / floor:6.2f} "
+              f"{floor_all:11.3f} {ms / floor_all:6.2f}  {wbytes / 1e9:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
