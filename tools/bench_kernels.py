@@ -1,0 +1,123 @@
+"""Each kernel of a round alone, at a real geometry, beside its memory floor (llm.c style).
+
+    python tools/bench_kernels.py [--preset qwen3-8b-b16] [--precision bf16] [--ctx 4096]
+
+Rows: every linear of a layer at M = block_size tokens, attention over ctx + block keys, the
+norm and post-projection kernels, and one forward_round both as GPU time (CUDA events) and as
+host issue time (how long Python takes to queue it), to tell launch-bound from GPU-bound.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tools.bench_round import copy_bandwidth, timed  # noqa: E402
+from tools.make_checkpoint import PRESETS  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--preset", default="qwen3-8b-b16", choices=sorted(PRESETS))
+    ap.add_argument("--precision", nargs="+", default=["bf16"])
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=100)
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+
+    from pydflash import Engine, GpuTensor
+    from pydflash.config import DflashCfg
+    from pydflash.engine import AttentionScratch
+
+    e = Engine(0)
+    bw = copy_bandwidth(cp, e.stream)
+    g = PRESETS[args.preset]
+    cfg = DflashCfg(hidden=g["hidden"], n_head=g["n_head"], n_kv=g["n_kv"], head_dim=g["head_dim"],
+                    n_ff=g["n_ff"], n_layer=1, eps=1e-6, rope_theta=1e6,
+                    block_size=g["block_size"], mask_token_id=0, target_layer_ids=(1,))
+    b, h, rng = cfg.block_size, cfg.hidden, np.random.default_rng()
+    print(f"device {e.name}, copy bandwidth {bw / 1e12:.3f} TB/s; {args.preset} geometry, "
+          f"M = {b} tokens, ctx {args.ctx}")
+    print(f"{'kernel':34s} {'median us':>10s} {'floor us':>9s} {'ratio':>6s} {'GB/s':>7s}")
+
+    def row(name: str, us: float, nbytes: int) -> None:
+        floor = nbytes / bw * 1e6
+        print(f"{name:34s} {us:10.1f} {floor:9.1f} {us / floor:6.2f} {nbytes / us / 1e3:7.0f}")
+
+    def bits(n: int, k: int):
+        return cp.asarray(rng.integers(0x3c00, 0x3d00, (n, k), dtype=np.uint16)
+                          ^ (rng.integers(0, 2, (n, 1), dtype=np.uint16) << 15))
+
+    with e.device, e.stream:
+        for precision in args.precision:
+            shapes = {"qkv": (cfg.q_dim + 2 * cfg.kv_dim, h, "store"), "o": (h, cfg.q_dim, "add"),
+                      "gate_up": (2 * cfg.n_ff, h, "silu_mul"), "down": (h, cfg.n_ff, "add"),
+                      "lm_head(15 rows)": (151936, h, "store")}
+            for name, (n, k, epi) in shapes.items():
+                fmt = "bf16" if name.startswith("lm_head") else precision
+                w = GpuTensor.from_bf16_bits(e, bits(n, k), fmt)
+                m = 15 if name.startswith("lm_head") else b
+                x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32))
+                out = cp.empty((m, n // 2 if epi == "silu_mul" else n), np.float32)
+                out.fill(0.5)
+                res = out if epi == "add" else None
+                ms = timed(cp, e.stream, lambda: e.linear(w, x, m, out, epi, res), args.repeats)
+                row(f"linear {fmt} {name} [{n}x{k}]", ms * 1e3, w.nbytes)
+                del w
+
+        n_keys = args.ctx + b
+        q = cp.asarray(rng.standard_normal((b, cfg.q_dim), dtype=np.float32))
+        k = cp.asarray(rng.standard_normal((n_keys, cfg.kv_dim), dtype=np.float32))
+        v = cp.asarray(rng.standard_normal((n_keys, cfg.kv_dim), dtype=np.float32))
+        pos = cp.arange(n_keys, dtype=np.int32)
+        att = AttentionScratch(e, cfg.n_head, b, cfg.head_dim)
+        out = cp.empty((b, cfg.q_dim), np.float32)
+        ms = timed(cp, e.stream, lambda: e.attention_into(
+            q, k, v, pos[args.ctx:], pos, b, n_keys, cfg.n_head, cfg.n_kv, cfg.head_dim, 0, out,
+            att), args.repeats)
+        row(f"attention {n_keys} keys", ms * 1e3, 2 * k.nbytes)
+        ms = timed(cp, e.stream, lambda: e.attention_into(
+            q, k, v, pos[args.ctx:], pos, b, n_keys, cfg.n_head, cfg.n_kv, cfg.head_dim, 1024,
+            out, att), args.repeats)
+        row(f"attention {n_keys} keys, window 1024", ms * 1e3, 2 * k.nbytes)
+
+        x = cp.asarray(rng.standard_normal((b, h), dtype=np.float32))
+        w = cp.ones(h, np.float32)
+        y = cp.empty_like(x)
+        ms = timed(cp, e.stream, lambda: e.rms_norm_rows(x, w, 1e-6, y, b, h), args.repeats)
+        row("rms_norm", ms * 1e3, 2 * x.nbytes)
+
+    # one whole round: GPU time and host issue time
+    import tempfile
+
+    from pydflash import DflashDraft, DflashKv
+    from tools.make_checkpoint import make_checkpoint
+    with tempfile.TemporaryDirectory() as tmp:
+        d = DflashDraft.load(e, make_checkpoint(Path(tmp) / "c", args.preset), args.precision[0])
+    kv = DflashKv(e, d.cfg, args.ctx)
+    feats = e.htod(rng.standard_normal((args.ctx, h), dtype=np.float32))
+    d.ingest_ctx(e, kv, feats, np.arange(args.ctx), args.ctx)
+    noise = e.htod(rng.standard_normal((b, h), dtype=np.float32))
+    posb = list(range(args.ctx, args.ctx + b))
+    out = e.empty((b, h))
+    ms = timed(cp, e.stream, lambda: d.forward_round(e, kv, noise, posb, out=out), args.repeats)
+    e.synchronize()
+    host = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        d.forward_round(e, kv, noise, posb, out=out)
+        host.append(time.perf_counter() - t0)
+        e.synchronize()
+    row("forward_round (GPU, events)", ms * 1e3, d.weight_bytes)
+    print(f"forward_round host issue time: median {np.median(host) * 1e6:.0f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
