@@ -6,13 +6,17 @@
 // It writes the unnormalised O and the running (max, sum) of each row for the split.
 // attn_combine merges the splits: out[i, h*hd + d] = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s.
 //
+// Thread tiles (256 threads): the S phase gives thread (tr, tc) = (tid / 16, tid % 16) the rows
+// tr*RPT .. +RPT-1 and the keys tc + 16c (c < 4): RPT x 4 scores from RPT + 4 float4 loads per
+// 4 dims. The P.V phase gives thread (rg, cg) = (tid / (hd/4), tid % (hd/4)) the ORPT contiguous
+// rows rg*ORPT.. and dims 4cg..4cg+3. Row strides are padded by 4 floats (no bank conflicts).
+//
 // Window: query at position p sees key at position j iff window == 0 or |p - j| <= window - 1.
 // Keys are rows [0, n_keys) of K/V (row stride ldkv floats, kv head h at column h*hd).
-// hd is a power of two in [16, 256]; R <= 16 * RPT; ORPT >= output rows per thread in the
-// P.V phase = ceil(16 * RPT / (ATT_THREADS / (hd / 4))).
+// hd is a power of two in [16, 256]; R <= 16 * RPT; ORPT = max(1, 16*RPT / (1024/hd)).
 #include "common.cuh"
 
-#define ATT_T 32
+#define ATT_T 64
 #define ATT_THREADS 256
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
@@ -25,16 +29,16 @@ __device__ __forceinline__ void attn_partial_impl(
     float scale, int keys_per_split, float* __restrict__ o_part, float* __restrict__ ml_part) {
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);
+    constexpr int RP = 16 * RPT;
     const int G = n_head / n_kv, R = G * n_q;
     const int kvh = blockIdx.x, split = blockIdx.y;
     const int hs = hd + 4;                       // padded row stride (floats) of Q, K, V tiles
-    float* Qs = smem;                            // [16*RPT][hs]
-    float* Ks = Qs + 16 * RPT * hs;              // [ATT_T][hs]
+    float* Qs = smem;                            // [RP][hs]
+    float* Ks = Qs + RP * hs;                    // [ATT_T][hs]
     float* Vs = Ks + ATT_T * hs;                 // [ATT_T][hs]
-    float* Ps = Vs + ATT_T * hs;                 // [ATT_T][16*RPT]
-    float* alpha_s = Ps + ATT_T * 16 * RPT;      // [16*RPT]
-    int* kpos_s = reinterpret_cast<int*>(alpha_s + 16 * RPT);  // [ATT_T]
-    const int RP = 16 * RPT;
+    float* Ps = Vs + ATT_T * hs;                 // [ATT_T][RP]
+    float* alpha_s = Ps + ATT_T * RP;            // [RP]
+    int* kpos_s = reinterpret_cast<int*>(alpha_s + RP);  // [ATT_T]
     const int tid = threadIdx.x;
     const int hd4 = hd >> 2;
 
@@ -50,7 +54,6 @@ __device__ __forceinline__ void attn_partial_impl(
         reinterpret_cast<float4*>(Qs + r * hs)[c] = v;
     }
 
-    // S-phase mapping: tr = row group (RPT rows), tc = key pair (keys tc and tc + 16).
     const int tr = tid >> 4, tc = tid & 15;
     int my_qpos[RPT];
 #pragma unroll
@@ -62,9 +65,9 @@ __device__ __forceinline__ void attn_partial_impl(
 #pragma unroll
     for (int i = 0; i < RPT; ++i) { m_run[i] = neg_inf(); l_run[i] = 0.f; }
 
-    // O-phase mapping: column group cg (4 dims), rows ro0 + k*rstep.
-    const int cg = tid % hd4, ro0 = tid / hd4, rstep = ATT_THREADS / hd4;
-    const int n_orows = (RP - ro0 + rstep - 1) / rstep;
+    const int cg = tid % hd4, rg = tid / hd4;
+    const int r0 = rg * ORPT;                    // this thread's first P.V row
+    const bool pv_active = r0 < RP;
     float4 acc[ORPT];
 #pragma unroll
     for (int k = 0; k < ORPT; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -88,73 +91,85 @@ __device__ __forceinline__ void attn_partial_impl(
         if (tid < ATT_T) kpos_s[tid] = kt + tid < k_end ? kpos[kt + tid] : 0;
         __syncthreads();
 
-        // S = Q K^T for rows tr*RPT.., keys tc and tc+16
-        float s[RPT][2];
+        // S = Q K^T for rows tr*RPT.., keys tc + 16c
+        float s[RPT][4];
 #pragma unroll
-        for (int i = 0; i < RPT; ++i) s[i][0] = s[i][1] = 0.f;
+        for (int i = 0; i < RPT; ++i)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) s[i][c] = 0.f;
         for (int d = 0; d < hd; d += 4) {
-            const float4 k0 = *reinterpret_cast<const float4*>(Ks + tc * hs + d);
-            const float4 k1 = *reinterpret_cast<const float4*>(Ks + (tc + 16) * hs + d);
+            float4 kk[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                kk[c] = *reinterpret_cast<const float4*>(Ks + (tc + 16 * c) * hs + d);
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const float4 qv = *reinterpret_cast<const float4*>(Qs + (tr * RPT + i) * hs + d);
-                s[i][0] = fmaf(qv.x, k0.x, fmaf(qv.y, k0.y, fmaf(qv.z, k0.z, fmaf(qv.w, k0.w, s[i][0]))));
-                s[i][1] = fmaf(qv.x, k1.x, fmaf(qv.y, k1.y, fmaf(qv.z, k1.z, fmaf(qv.w, k1.w, s[i][1]))));
+#pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    s[i][c] = fmaf(qv.x, kk[c].x, fmaf(qv.y, kk[c].y,
+                              fmaf(qv.z, kk[c].z, fmaf(qv.w, kk[c].w, s[i][c]))));
             }
         }
         // mask, online softmax (the 16 threads of a row group are lanes of one half-warp)
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
+            float mt = neg_inf();
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
+            for (int c = 0; c < 4; ++c) {
                 const int j = tc + 16 * c;
                 bool ok = kt + j < k_end;
-                if (ok && window > 0) {
-                    const int dist = abs(my_qpos[i] - kpos_s[j]);
-                    ok = dist <= window - 1;
-                }
+                if (ok && window > 0) ok = abs(my_qpos[i] - kpos_s[j]) <= window - 1;
                 s[i][c] = ok ? s[i][c] * scale : neg_inf();
+                mt = fmaxf(mt, s[i][c]);
             }
-            float mt = fmaxf(s[i][0], s[i][1]);
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
             const float m_new = fmaxf(m_run[i], mt);
-            float p0 = 0.f, p1 = 0.f, alpha = 1.f;
+            float p[4] = {0.f, 0.f, 0.f, 0.f}, alpha = 1.f;
             if (m_new != neg_inf()) {
-                p0 = expf(s[i][0] - m_new);
-                p1 = expf(s[i][1] - m_new);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) p[c] = expf(s[i][c] - m_new);
                 alpha = expf(m_run[i] - m_new);  // 0 when m_run was -inf
             }
-            float ps = p0 + p1;
+            float ps = (p[0] + p[1]) + (p[2] + p[3]);
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
             l_run[i] = l_run[i] * alpha + ps;
             m_run[i] = m_new;
             const int r = tr * RPT + i;
-            Ps[tc * RP + r] = p0;
-            Ps[(tc + 16) * RP + r] = p1;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) Ps[(tc + 16 * c) * RP + r] = p[c];
             if (tc == 0) alpha_s[r] = alpha;
         }
         __syncthreads();
 
-        // O = O * alpha + P V
-#pragma unroll
-        for (int k = 0; k < ORPT; ++k) {
-            if (k < n_orows) {
-                const float a = alpha_s[ro0 + k * rstep];
-                acc[k].x *= a; acc[k].y *= a; acc[k].z *= a; acc[k].w *= a;
-            }
-        }
-        for (int j = 0; j < ATT_T; ++j) {
-            const float4 v = reinterpret_cast<const float4*>(Vs + j * hs)[cg];
+        // O = O * alpha + P V over this thread's rows r0.. and dims 4cg..
+        if (pv_active) {
 #pragma unroll
             for (int k = 0; k < ORPT; ++k) {
-                if (k < n_orows) {
-                    const float p = Ps[j * RP + ro0 + k * rstep];
-                    acc[k].x = fmaf(p, v.x, acc[k].x);
-                    acc[k].y = fmaf(p, v.y, acc[k].y);
-                    acc[k].z = fmaf(p, v.z, acc[k].z);
-                    acc[k].w = fmaf(p, v.w, acc[k].w);
+                const float a = alpha_s[r0 + k];
+                acc[k].x *= a; acc[k].y *= a; acc[k].z *= a; acc[k].w *= a;
+            }
+            for (int j = 0; j < ATT_T; ++j) {
+                const float4 v = reinterpret_cast<const float4*>(Vs + j * hs)[cg];
+                float p[ORPT];
+                if constexpr (ORPT % 4 == 0) {
+#pragma unroll
+                    for (int k = 0; k < ORPT; k += 4) {
+                        const float4 p4 = *reinterpret_cast<const float4*>(Ps + j * RP + r0 + k);
+                        p[k] = p4.x; p[k + 1] = p4.y; p[k + 2] = p4.z; p[k + 3] = p4.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int k = 0; k < ORPT; ++k) p[k] = Ps[j * RP + r0 + k];
+                }
+#pragma unroll
+                for (int k = 0; k < ORPT; ++k) {
+                    acc[k].x = fmaf(p[k], v.x, acc[k].x);
+                    acc[k].y = fmaf(p[k], v.y, acc[k].y);
+                    acc[k].z = fmaf(p[k], v.z, acc[k].z);
+                    acc[k].w = fmaf(p[k], v.w, acc[k].w);
                 }
             }
         }
@@ -162,13 +177,15 @@ __device__ __forceinline__ void attn_partial_impl(
 
     // Partial results: o_part [split][n_head][n_q][hd], ml_part [split][n_head][n_q][2].
     const long long split_rows = (long long)n_head * n_q;
+    if (pv_active) {
 #pragma unroll
-    for (int k = 0; k < ORPT; ++k) {
-        const int r = ro0 + k * rstep;
-        if (k < n_orows && r < R) {
-            const int gq = r / n_q, i = r % n_q;
-            const long long row = (long long)split * split_rows + (long long)(kvh * G + gq) * n_q + i;
-            reinterpret_cast<float4*>(o_part + row * hd)[cg] = acc[k];
+        for (int k = 0; k < ORPT; ++k) {
+            const int r = r0 + k;
+            if (r < R) {
+                const int gq = r / n_q, i = r % n_q;
+                const long long row = (long long)split * split_rows + (long long)(kvh * G + gq) * n_q + i;
+                reinterpret_cast<float4*>(o_part + row * hd)[cg] = acc[k];
+            }
         }
     }
     if (tc == 0) {
@@ -193,12 +210,11 @@ __device__ __forceinline__ void attn_partial_impl(
         attn_partial_impl<RPT, ORPT>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_head, n_kv, \
                                      hd, window, scale, keys_per_split, o_part, ml_part);       \
     }
-#define ATT_ENTRIES(RPT) \
-    ATT_ENTRY(RPT, 1) ATT_ENTRY(RPT, 2) ATT_ENTRY(RPT, 4) ATT_ENTRY(RPT, 8) ATT_ENTRY(RPT, 16)
-ATT_ENTRIES(1)
-ATT_ENTRIES(2)
-ATT_ENTRIES(4)
-ATT_ENTRIES(8)
+// ORPT = max(1, 16*RPT*hd/1024) for hd in 16..256
+ATT_ENTRY(1, 1) ATT_ENTRY(1, 2) ATT_ENTRY(1, 4)
+ATT_ENTRY(2, 1) ATT_ENTRY(2, 2) ATT_ENTRY(2, 4) ATT_ENTRY(2, 8)
+ATT_ENTRY(4, 1) ATT_ENTRY(4, 2) ATT_ENTRY(4, 4) ATT_ENTRY(4, 8) ATT_ENTRY(4, 16)
+ATT_ENTRY(8, 1) ATT_ENTRY(8, 2) ATT_ENTRY(8, 4) ATT_ENTRY(8, 8) ATT_ENTRY(8, 16) ATT_ENTRY(8, 32)
 
 // One block per (head, query), hd threads (hd <= 1024): out [n_q, n_head*hd] row stride ldo.
 extern "C" __global__ void attn_combine(const float* __restrict__ o_part,

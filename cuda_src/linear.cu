@@ -5,11 +5,15 @@
 // hi = bf16(x) and lo = bf16(x - hi), two MMAs, so products keep ~16 mantissa bits: near-f32
 // results at the memory-bandwidth floor. f32 weights ("parity mode") use plain FFMA.
 //
-// Work split: a block of NWARPS warps owns 32 output rows (2 m-tiles of 16) and 16 tokens
-// (2 n-tiles of 8, or 1 when M <= 8). Its warps split K in 32-wide chunks (warp w takes chunks
-// w, w+NWARPS, ...) and meet in shared memory, in a fixed order (deterministic). Each lane loads
-// its weight bytes straight from global memory: the mma k-slot -> k mapping is permuted so a
-// lane's k values are contiguous in memory (any permutation works if A and B use the same one).
+// Work split: a block of LIN_NWARPS warps owns 32 output rows (2 m-tiles of 16) and 16 tokens
+// (2 n-tiles of 8, or 1 when M <= 8). blockIdx.z splits K into `gridDim.z` ranges (split-K, for
+// enough blocks in flight at batch 16): split z writes its partial sums to Y + z*split_stride and
+// the consumer (qkv_post, reduce_rms_norm) adds the splits in a fixed order. Inside a block the
+// warps split the range in 32-wide chunks (warp w takes chunks w, w+NW, ...) and meet in shared
+// memory in a fixed order: results are deterministic and independent of M. Each lane loads its
+// weight bytes and activations straight from global memory, LIN_UNROLL chunks at a time, all
+// loads issued before the first use; the mma k-slot -> k mapping is permuted so a lane's k
+// values are contiguous in memory (any permutation works if A and B use the same one).
 //
 // Epilogues: STORE Y = v; ADD Y = R + v (R may alias Y: residual in place); SILU_MUL for a fused
 // gate/up weight whose rows come in groups of 8 gate rows then the matching 8 up rows:
@@ -26,8 +30,8 @@
 #define EPI_STORE 0
 #define EPI_ADD 1
 #define EPI_SILU_MUL 2
-#define LIN_NWARPS 8
-#define LIN_UNROLL 4
+#define LIN_NWARPS 4
+#define LIN_UNROLL 2
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                          unsigned b1) {
@@ -119,13 +123,17 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
                                            const f16_bits* __restrict__ scales,
                                            const float* __restrict__ X, long long ldx, float* Y,
                                            long long ldy, const float* R, long long ldr, int M,
-                                           int N, int K) {
+                                           int N, int K, int chunks_per_split,
+                                           long long split_stride) {
     __shared__ float red[LIN_NWARPS][32][2 * NT * 4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const long long row0 = (long long)blockIdx.y * 32;
     const long long tok0 = (long long)blockIdx.x * (NT * 8);
     const int nchunks = K / 32;
+    const int c_begin = blockIdx.z * chunks_per_split;
+    const int c_end = min(nchunks, c_begin + chunks_per_split);
+    Y += (long long)blockIdx.z * split_stride;
 
     float acc[2][NT][4];
 #pragma unroll
@@ -137,13 +145,11 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
 
     // rows this lane loads: m-tile mt, half h -> row0 + mt*16 + h*8 + g (clamped; masked later)
     long long rows[2][2];
-    bool row_ok[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const long long r = row0 + mt * 16 + h * 8 + g;
-            row_ok[mt][h] = r < N;
             rows[mt][h] = r < N ? r : (long long)N - 1;
         }
     // tokens this lane feeds as B columns: n-tile nt -> tok0 + nt*8 + g
@@ -156,13 +162,15 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
         xrow[nt] = X + (tk < M ? tk : 0) * ldx;
     }
 
-    for (int c0 = warp; c0 < nchunks; c0 += LIN_NWARPS * LIN_UNROLL) {
+    for (int c0 = c_begin + warp; c0 < c_end; c0 += LIN_NWARPS * LIN_UNROLL) {
+        // every load of the LIN_UNROLL chunks first (weights, scales, activations) ...
         ChunkLoad<FMT> wl[LIN_UNROLL][2][2];
         float d[LIN_UNROLL][2][2];
+        float4 xv[LIN_UNROLL][NT][2];
 #pragma unroll
         for (int u = 0; u < LIN_UNROLL; ++u) {
             const int c = c0 + u * LIN_NWARPS;
-            if (c < nchunks) {
+            if (c < c_end) {
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -172,23 +180,28 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
                                           ? 1.f
                                           : f16_to_f32(scales[rows[mt][h] * nchunks + c]);
                     }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    xv[u][nt][0] = xv[u][nt][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if (tok_ok[nt]) {
+                        xv[u][nt][0] = *reinterpret_cast<const float4*>(
+                            xrow[nt] + c * 32 + ChunkLoad<FMT>::k_first(t));
+                        xv[u][nt][1] = *reinterpret_cast<const float4*>(
+                            xrow[nt] + c * 32 + ChunkLoad<FMT>::k_second(t));
+                    }
+                }
             }
         }
+        // ... then the tensor-core work
 #pragma unroll
         for (int u = 0; u < LIN_UNROLL; ++u) {
             const int c = c0 + u * LIN_NWARPS;
-            if (c >= nchunks) break;
-            // B fragments: for each n-tile, elements 0..3 and 4..7 (hi and lo parts)
+            if (c >= c_end) break;
             unsigned bh[NT][2][2], bl[NT][2][2];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-                if (tok_ok[nt]) {
-                    x0 = *reinterpret_cast<const float4*>(xrow[nt] + c * 32 + ChunkLoad<FMT>::k_first(t));
-                    x1 = *reinterpret_cast<const float4*>(xrow[nt] + c * 32 + ChunkLoad<FMT>::k_second(t));
-                }
-                split4(x0, bh[nt][0], bl[nt][0]);
-                split4(x1, bh[nt][1], bl[nt][1]);
+                split4(xv[u][nt][0], bh[nt][0], bl[nt][0]);
+                split4(xv[u][nt][1], bh[nt][1], bl[nt][1]);
             }
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
@@ -302,12 +315,15 @@ __device__ __forceinline__ void linear_f32(const float* __restrict__ W,
 }
 
 // Entry points, named linear_<format>_<epilogue>[_nt1]. Grid: x = token groups of 16 (8 for
-// _nt1), y = row groups of 32; block = 32 * LIN_NWARPS threads.
+// _nt1), y = row groups of 32, z = K splits of chunks_per_split 32-chunks (z > 1 only with the
+// store epilogue: partials at Y + z*split_stride); block = 32 * LIN_NWARPS threads.
 #define LINEAR_MMA_ENTRY(name, FMT, NT, EPI)                                                   \
     extern "C" __global__ void __launch_bounds__(32 * LIN_NWARPS)                             \
         name(const unsigned char* W, const f16_bits* scales, const float* X, long long ldx,    \
-             float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K) {    \
-        linear_mma<FMT, NT, EPI>(W, scales, X, ldx, Y, ldy, R, ldr, M, N, K);                 \
+             float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K,      \
+             int chunks_per_split, long long split_stride) {                                   \
+        linear_mma<FMT, NT, EPI>(W, scales, X, ldx, Y, ldy, R, ldr, M, N, K, chunks_per_split, \
+                                 split_stride);                                                \
     }
 #define LINEAR_MMA_ALL(fname, FMT)                                                             \
     LINEAR_MMA_ENTRY(linear_##fname##_store, FMT, 2, EPI_STORE)                                \

@@ -58,14 +58,17 @@ extern "C" __global__ void head_norm_rope(const float* x, long long ldx, float* 
                    pos[r], inv_freq, hd, eps, buf[warp]);
 }
 
-// After the fused projection: src [rows, (n_q + 2*n_kv)*hd] laid out q | k | v (n_q may be 0).
+// After the fused projection: src [rows, (n_q + 2*n_kv)*hd] laid out q | k | v (n_q may be 0),
+// given as n_split split-K partial sums src + s*split_stride, added here in split order.
 // q heads -> q_out [rows, n_q*hd]; k heads -> k_out row r; v heads copied to v_out row r.
 // k_out/v_out are KV-cache rows already offset to the first row written (stride n_kv*hd).
-extern "C" __global__ void qkv_post(const float* src, long long ld_src, float* q_out,
-                                    float* k_out, float* v_out, const float* q_norm,
-                                    const float* k_norm, const int* pos, const float* inv_freq,
-                                    int rows, int n_q, int n_kv, int hd, float eps) {
+extern "C" __global__ void qkv_post(const float* src, long long ld_src, int n_split,
+                                    long long split_stride, float* q_out, float* k_out,
+                                    float* v_out, const float* q_norm, const float* k_norm,
+                                    const int* pos, const float* inv_freq, int rows, int n_q,
+                                    int n_kv, int hd, float eps) {
     __shared__ float buf[4][ROPE_MAX_HD];
+    __shared__ float sum[4][ROPE_MAX_HD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int heads = n_q + 2 * n_kv;
     const long long item = (long long)blockIdx.x * 4 + warp;
@@ -73,15 +76,22 @@ extern "C" __global__ void qkv_post(const float* src, long long ld_src, float* q
     const long long r = item / heads;
     const int h = (int)(item % heads);
     const float* s = src + r * ld_src + (long long)h * hd;
+    float* acc = sum[warp];
+    for (int j = lane; j < hd; j += 32) {
+        float v = s[j];
+        for (int p = 1; p < n_split; ++p) v += s[p * split_stride + j];
+        acc[j] = v;
+    }
+    __syncwarp();
     const long long kv_ld = (long long)n_kv * hd;
     if (h < n_q) {
-        norm_rope_head(s, q_out + r * n_q * hd + (long long)h * hd, q_norm, pos[r], inv_freq,
+        norm_rope_head(acc, q_out + r * n_q * hd + (long long)h * hd, q_norm, pos[r], inv_freq,
                        hd, eps, buf[warp]);
     } else if (h < n_q + n_kv) {
-        norm_rope_head(s, k_out + r * kv_ld + (long long)(h - n_q) * hd, k_norm, pos[r],
+        norm_rope_head(acc, k_out + r * kv_ld + (long long)(h - n_q) * hd, k_norm, pos[r],
                        inv_freq, hd, eps, buf[warp]);
     } else {
         float* d = v_out + r * kv_ld + (long long)(h - n_q - n_kv) * hd;
-        for (int j = lane; j < hd; j += 32) d[j] = s[j];
+        for (int j = lane; j < hd; j += 32) d[j] = acc[j];
     }
 }

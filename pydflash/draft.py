@@ -25,7 +25,7 @@ from .reference import rope_inv_freq
 from .tensor import GpuTensor
 
 PRECISIONS = ("bf16", "q8_0", "q4_0", "mixed", "f32")
-INGEST_CHUNK = 1024   # ctx rows projected per launch in ingest_ctx (bounds its workspace)
+INGEST_CHUNK = 256    # ctx rows projected per launch in ingest_ctx (bounds its workspace)
 
 
 @dataclasses.dataclass
@@ -88,18 +88,21 @@ def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
 
 
 class _Workspace:
-    """Device buffers for block rows and ingest chunks, allocated once per drafter."""
+    """Device buffers for block rows and ingest chunks, allocated once per drafter. The split-K
+    factors are fixed per weight, so the partial-sum buffers are sized here too."""
 
-    def __init__(self, e: Engine, cfg: DflashCfg) -> None:
+    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer) -> None:
         b = cfg.block_size
-        qkv_dim = cfg.q_dim + 2 * cfg.kv_dim
-        self.x = e.empty((b, cfg.hidden))
-        self.xn = e.empty((b, cfg.hidden))
-        self.qkv = e.empty((b, qkv_dim))
+        self.ks_qkv, self.ks_kv = e.k_splits(layer.qkv), e.k_splits(layer.kv)
+        self.ks_o, self.ks_down = e.k_splits(layer.o), e.k_splits(layer.down)
+        self.x = e.empty((b, cfg.hidden))                   # the residual stream
+        self.xn = e.empty((b, cfg.hidden))                  # its normed copy
+        self.qkv_part = e.empty((self.ks_qkv, b, layer.qkv.out_features))
+        self.x_part = e.empty((max(self.ks_o, self.ks_down), b, cfg.hidden))
         self.q = e.empty((b, cfg.q_dim))
         self.attn = e.empty((b, cfg.q_dim))
         self.ff = e.empty((b, cfg.n_ff))
-        self.kv_chunk = e.empty((INGEST_CHUNK, 2 * cfg.kv_dim))
+        self.kv_part = e.empty((self.ks_kv, INGEST_CHUNK, 2 * cfg.kv_dim))
         group = cfg.n_head // cfg.n_kv
         self.att = AttentionScratch(e, cfg.n_head, min(b, max(1, 128 // group)), cfg.head_dim)
         self.inv_freq = e.htod(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scale))
@@ -115,7 +118,7 @@ class DflashDraft:
         self.hidden_norm, self.norm, self.markov = hidden_norm, norm, markov
         self.embed, self.lm_head, self.precision = embed, lm_head, precision
         self.device = e.ordinal
-        self._ws = _Workspace(e, cfg)
+        self._ws = _Workspace(e, cfg, layers[0])
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
@@ -209,8 +212,11 @@ class DflashDraft:
         x = e.f32_rows(taps, "taps", _count(t, "t"), c.n_taps * c.hidden)
         out = e.empty((t, c.hidden))
         if t:
-            e.linear(self.fc, x, t, out, "store", None)
-            e.rms_norm_rows(out, self.hidden_norm, c.eps, out, t, c.hidden)
+            ks = e.k_splits(self.fc)
+            part = e.empty((ks, t, c.hidden))
+            e.linear(self.fc, x, t, part, "store", None, ks, t * c.hidden)
+            e.reduce_rms_norm(part, ks, t * c.hidden, None, None, self.hidden_norm, out, t,
+                              c.hidden, c.eps)
         return out
 
     @on_stream
@@ -251,10 +257,11 @@ class DflashDraft:
         for r0 in range(0, t, INGEST_CHUNK):
             m = min(INGEST_CHUNK, t - r0)
             row = start + r0
+            stride = INGEST_CHUNK * 2 * c.kv_dim
             for li, layer in enumerate(self.layers):
-                e.linear(layer.kv, f[r0:r0 + m], m, ws.kv_chunk, "store", None)
-                self._qkv_post(e, ws.kv_chunk, m, 0, None, kv.k[li][row:], kv.v[li][row:],
-                               kv.pos[row:], layer)
+                e.linear(layer.kv, f[r0:r0 + m], m, ws.kv_part, "store", None, ws.ks_kv, stride)
+                self._qkv_post(e, ws.kv_part, ws.ks_kv, stride, m, 0, None, kv.k[li][row:],
+                               kv.v[li][row:], kv.pos[row:], layer)
         kv._len = start + t
 
     @on_stream
@@ -268,31 +275,41 @@ class DflashDraft:
         out = e._out(out, "out", b, c.hidden)
         n = kv.len
         kv.stage_positions(e, pos_block, n, b, "pos_block")
-        ws.x[...] = noise
         pos = kv.pos[n:n + b]
+        h, qkv_stride, x_stride = c.hidden, b * ws.qkv_part.shape[2], b * c.hidden
+        # x = noise_emb (the residual stream); xn = input_layernorm of layer 0
+        e.reduce_rms_norm(None, 0, 0, noise, ws.x, self.layers[0].input_layernorm, ws.xn, b, h,
+                          c.eps)
         for li, layer in enumerate(self.layers):
-            e.rms_norm_rows(ws.x, layer.input_layernorm, c.eps, ws.xn, b, c.hidden)
-            e.linear(layer.qkv, ws.xn, b, ws.qkv, "store", None)
-            self._qkv_post(e, ws.qkv, b, c.n_head, ws.q, kv.k[li][n:], kv.v[li][n:], pos, layer)
+            e.linear(layer.qkv, ws.xn, b, ws.qkv_part, "store", None, ws.ks_qkv, qkv_stride)
+            self._qkv_post(e, ws.qkv_part, ws.ks_qkv, qkv_stride, b, c.n_head, ws.q,
+                           kv.k[li][n:], kv.v[li][n:], pos, layer)
             e.attention_into(ws.q, kv.k[li], kv.v[li], pos, kv.pos, b, n + b, c.n_head, c.n_kv,
                              c.head_dim, layer.window or 0, ws.attn, ws.att)
-            e.linear(layer.o, ws.attn, b, ws.x, "add", ws.x)
-            e.rms_norm_rows(ws.x, layer.post_attention_layernorm, c.eps, ws.xn, b, c.hidden)
+            # x += o(attn); xn = post_attention_layernorm(x)  (split-K partials added here)
+            e.linear(layer.o, ws.attn, b, ws.x_part, "store", None, ws.ks_o, x_stride)
+            e.reduce_rms_norm(ws.x_part, ws.ks_o, x_stride, ws.x, ws.x,
+                              layer.post_attention_layernorm, ws.xn, b, h, c.eps)
             e.linear(layer.gate_up, ws.xn, b, ws.ff, "silu_mul", None)
-            e.linear(layer.down, ws.ff, b, ws.x, "add", ws.x)
-        e.rms_norm_rows(ws.x, self.norm, c.eps, out, b, c.hidden)
+            # x += down(ff); xn = the next layer's input_layernorm(x), or the final norm -> out
+            e.linear(layer.down, ws.ff, b, ws.x_part, "store", None, ws.ks_down, x_stride)
+            last = li + 1 == len(self.layers)
+            e.reduce_rms_norm(ws.x_part, ws.ks_down, x_stride, ws.x, ws.x,
+                              self.norm if last else self.layers[li + 1].input_layernorm,
+                              out if last else ws.xn, b, h, c.eps)
         return out
 
-    def _qkv_post(self, e: Engine, src: Any, rows: int, n_q: int, q_out: Any, k_out: Any,
-                  v_out: Any, pos: Any, layer: DflashLayer) -> None:
-        """q/k head RMSNorm + RoPE and the V copy, from the fused projection output."""
+    def _qkv_post(self, e: Engine, part: Any, n_split: int, split_stride: int, rows: int,
+                  n_q: int, q_out: Any, k_out: Any, v_out: Any, pos: Any,
+                  layer: DflashLayer) -> None:
+        """Sum the projection's split-K partials; q/k head RMSNorm + RoPE; the V copy."""
         c = self.cfg
         items = rows * (n_q + 2 * c.n_kv)
         e.launch("rope", "qkv_post", ((items + 3) // 4,), 128,
-                 (src, np.int64(src.shape[1]), q_out if q_out is not None else np.uintp(0),
-                  k_out, v_out, layer.q_norm, layer.k_norm, pos, self._ws.inv_freq,
-                  np.int32(rows), np.int32(n_q), np.int32(c.n_kv), np.int32(c.head_dim),
-                  np.float32(c.eps)))
+                 (part, np.int64(part.shape[-1]), np.int32(n_split), np.int64(split_stride),
+                  q_out if q_out is not None else np.uintp(0), k_out, v_out, layer.q_norm,
+                  layer.k_norm, pos, self._ws.inv_freq, np.int32(rows), np.int32(n_q),
+                  np.int32(c.n_kv), np.int32(c.head_dim), np.float32(c.eps)))
 
     # -- logits -> draft tokens ---------------------------------------------------------------
     @on_stream

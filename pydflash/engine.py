@@ -22,10 +22,13 @@ try:  # CuPy is an optional extra (cuda12 / cuda13); the CPU parts of pydflash w
 except ImportError:  # pragma: no cover - exercised only on machines without CuPy
     cp = None
 
-LINEAR_THREADS = 256          # 8 warps: LIN_NWARPS in linear.cu
+LINEAR_THREADS = 128          # 4 warps: LIN_NWARPS in linear.cu
 LINEAR_ROWS_PER_BLOCK = 32
+LINEAR_CHUNKS_PER_PASS = 8    # LIN_NWARPS * LIN_UNROLL 32-chunks of K per block pass
+MAX_K_SPLITS = 16
 F32_WARPS_PER_BLOCK = 8
-ATT_THREADS, ATT_T = 256, 32  # attention.cu
+ATT_THREADS, ATT_T = 256, 64  # attention.cu
+SMEM_PER_SM = 227 * 1024       # usable shared memory per SM (sm_80..sm_90 class)
 EPILOGUES = {"store": "store", "add": "add", "silu_mul": "silu_mul"}
 
 
@@ -202,31 +205,63 @@ class Engine:
         self.linear(w_gate_up, x, m, out, "silu_mul", None)
         return out
 
+    def k_splits(self, w: GpuTensor) -> int:
+        """Split-K factor of a weight at batch <= 16: enough blocks to fill the GPU (about 4 per
+        SM) while each split keeps every warp of its block busy; 1 for f32 (one FFMA pass).
+        It depends on the weight and the device only, never on M, so a row's result is the
+        same in every batch."""
+        if w.fmt == "f32":
+            return 1
+        n, k = w.out_features, w.in_features
+        row_blocks = (n + LINEAR_ROWS_PER_BLOCK - 1) // LINEAR_ROWS_PER_BLOCK
+        want = (4 * self.sm_count) // row_blocks
+        return max(1, min(want, (k // QK) // LINEAR_CHUNKS_PER_PASS, MAX_K_SPLITS))
+
     def linear(self, w: GpuTensor, x: "cp.ndarray", m: int, out: "cp.ndarray", epilogue: str,
-               residual: "cp.ndarray | None") -> None:
+               residual: "cp.ndarray | None", ksplit: int = 1, split_stride: int = 0) -> None:
         """Unchecked launch of the linear kernel (callers validated shapes); rows are strided by
-        their arrays' own row strides."""
+        their arrays' own row strides. ksplit > 1 (store epilogue only) writes partial sums
+        to out + s*split_stride for the consumer to add."""
         n, k = w.out_features, w.in_features
         ldx = x.strides[0] // 4 if x.ndim == 2 else k
-        ldy = out.strides[0] // 4 if out.ndim == 2 else out.size // max(m, 1)
+        ldy = out.strides[-2] // 4 if out.ndim >= 2 else n
         ldr = (residual.strides[0] // 4 if residual.ndim == 2 else n) if residual is not None else 0
         res = residual if residual is not None else out
         scales = w.scales if w.scales is not None else w.data
         if w.fmt == "f32":
+            if ksplit != 1:
+                raise ShapeError("f32 weights do not take a K split")
             pairs = (n + 15) // 16 * 8
             grid = ((m + 15) // 16, (pairs + F32_WARPS_PER_BLOCK - 1) // F32_WARPS_PER_BLOCK)
             self.launch("linear", f"linear_f32_{epilogue}", grid, 32 * F32_WARPS_PER_BLOCK,
                         (w.data, scales, x, np.int64(ldx), out, np.int64(ldy), res,
                          np.int64(ldr), np.int32(m), np.int32(n), np.int32(k)))
             return
+        chunks = k // QK
+        per_split = (chunks + ksplit - 1) // ksplit
         nt1 = m <= 8
         tokens_per_block = 8 if nt1 else 16
         grid = ((m + tokens_per_block - 1) // tokens_per_block,
-                (n + LINEAR_ROWS_PER_BLOCK - 1) // LINEAR_ROWS_PER_BLOCK)
+                (n + LINEAR_ROWS_PER_BLOCK - 1) // LINEAR_ROWS_PER_BLOCK,
+                (chunks + per_split - 1) // per_split)
         name = f"linear_{w.fmt}_{epilogue}" + ("_nt1" if nt1 else "")
         self.launch("linear", name, grid, LINEAR_THREADS,
                     (w.data, scales, x, np.int64(ldx), out, np.int64(ldy), res, np.int64(ldr),
-                     np.int32(m), np.int32(n), np.int32(k)))
+                     np.int32(m), np.int32(n), np.int32(k), np.int32(per_split),
+                     np.int64(split_stride)))
+
+    def reduce_rms_norm(self, part: "cp.ndarray | None", n_split: int, split_stride: int,
+                        resid_in: "cp.ndarray | None", resid_out: "cp.ndarray | None",
+                        w: "cp.ndarray", out: "cp.ndarray", rows: int, n: int,
+                        eps: float) -> None:
+        """Unchecked: v = resid_in + sum of n_split partials; resid_out = v;
+        out = RMSNorm(v) * w (rows of n, contiguous)."""
+        if rows:
+            self.launch("norm", "reduce_rms_norm", (rows,), 256 if n >= 256 else 64,
+                        (part if part is not None else _null(), np.int32(n_split),
+                         np.int64(split_stride), resid_in if resid_in is not None else _null(),
+                         resid_out if resid_out is not None else _null(), w, out, np.int32(n),
+                         np.float32(eps)))
 
     @on_stream
     def rms_norm(self, x: Any, w: Any, eps: float, *, out: Any = None) -> "cp.ndarray":
@@ -325,14 +360,14 @@ class Engine:
         group = n_head // n_kv
         rows = group * m
         rpt = 1 << max(0, math.ceil(math.log2(max(1, (rows + 15) // 16))))
-        rstep = ATT_THREADS // (hd // 4)
-        orpt = 1 << max(0, math.ceil(math.log2(max(1, (16 * rpt + rstep - 1) // rstep))))
-        tiles = (n_keys + ATT_T - 1) // ATT_T
-        splits = max(1, min(scratch.max_splits, tiles, (2 * self.sm_count + n_kv - 1) // n_kv))
-        keys_per_split = (tiles + splits - 1) // splits * ATT_T
-        splits = (n_keys + keys_per_split - 1) // keys_per_split
+        orpt = max(1, 16 * rpt * hd // 1024)
         hs = hd + 4
         smem = 4 * (16 * rpt * hs + 2 * ATT_T * hs + ATT_T * 16 * rpt + 16 * rpt + ATT_T)
+        per_sm = max(1, SMEM_PER_SM // (smem + 1024))
+        tiles = (n_keys + ATT_T - 1) // ATT_T
+        splits = max(1, min(scratch.max_splits, tiles, self.sm_count * per_sm // n_kv))
+        keys_per_split = (tiles + splits - 1) // splits * ATT_T
+        splits = (n_keys + keys_per_split - 1) // keys_per_split
         name = f"attn_partial_r{rpt}_o{orpt}"
         fn = self.kernel("attention", name)
         if smem > 48 * 1024 and self._smem_set.get(name, 0) < smem:

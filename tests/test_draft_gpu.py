@@ -12,8 +12,8 @@ cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 TOL = {"f32": 1e-4, "bf16": 5e-3, "q8_0": 2e-2, "q4_0": 2e-2, "mixed": 2e-2}
 PRECISIONS = list(TOL)
 # A small geometry that still exercises the real kernel paths: hd 64, GQA 4, block 16, several
-# attention splits, rows that are not multiples of the tile sizes.
-MEDIUM = {"hidden": 256, "n_head": 8, "n_kv": 2, "head_dim": 64, "n_ff": 704, "n_layer": 2,
+# attention splits, split-K projections (K >= 512), rows that are not multiples of the tiles.
+MEDIUM = {"hidden": 512, "n_head": 8, "n_kv": 2, "head_dim": 64, "n_ff": 704, "n_layer": 2,
           "block_size": 16, "vocab": 1000, "mask_token_id": 999}
 
 

@@ -43,6 +43,25 @@ def test_matmul_store_and_add(engine, rng, fmt, m, n, k):
     assert rel(e.dtoh(y2), res + x @ wd.T) < LINEAR_TOL[fmt]
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("m", [4, 16, 40])
+def test_split_k_partials_sum_to_the_product(engine, rng, fmt, m):
+    from pydflash import GpuTensor
+
+    e, n, k = engine, 96, 1024
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / 32, fmt)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    part = poisoned(e, (3, m, n))
+    e.linear(w, e.htod(x), m, part, "store", None, 3, m * n)
+    parts = e.dtoh(part)
+    assert not np.isnan(parts).any()
+    assert rel(parts.sum(axis=0), x @ w.dequantize().astype(np.float64).T) < 2e-5
+    # a split's partial is the product over its own K range
+    per = (k // 32 + 2) // 3 * 32
+    assert rel(parts[1], x[:, per:2 * per] @ w.dequantize()[:, per:2 * per].T.astype(np.float64)) < 2e-5
+    assert e.k_splits(w) >= 1
+
+
 @pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("m", [3, 16, 21])
 def test_matmul_silu_mul_interleaved(engine, rng, fmt, m):
