@@ -14,7 +14,23 @@
 // Window: query at position p sees key at position j iff window == 0 or |p - j| <= window - 1.
 // Keys are rows [0, n_keys) of K/V (row stride ldkv floats, kv head h at column h*hd).
 // hd is a power of two in [16, 256]; R <= 16 * RPT; ORPT = max(1, 16*RPT / (1024/hd)).
+// K/V tiles arrive by cp.async, all of a tile's copies in flight at once; with stages == 2 the
+// next tile streams in while this one is computed (double buffering).
 #include "common.cuh"
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* smem_dst, const void* src, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 #define ATT_T 64
 #define ATT_THREADS 256
@@ -26,7 +42,8 @@ __device__ __forceinline__ void attn_partial_impl(
     const float* __restrict__ q, long long ldq, const float* __restrict__ K,
     const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
     const int* __restrict__ kpos, int n_q, int n_keys, int n_head, int n_kv, int hd, int window,
-    float scale, int keys_per_split, float* __restrict__ o_part, float* __restrict__ ml_part) {
+    float scale, int keys_per_split, int stages, float* __restrict__ o_part,
+    float* __restrict__ ml_part) {
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);
     constexpr int RP = 16 * RPT;
@@ -34,11 +51,11 @@ __device__ __forceinline__ void attn_partial_impl(
     const int kvh = blockIdx.x, split = blockIdx.y;
     const int hs = hd + 4;                       // padded row stride (floats) of Q, K, V tiles
     float* Qs = smem;                            // [RP][hs]
-    float* Ks = Qs + RP * hs;                    // [ATT_T][hs]
-    float* Vs = Ks + ATT_T * hs;                 // [ATT_T][hs]
-    float* Ps = Vs + ATT_T * hs;                 // [ATT_T][RP]
+    float* Kbuf = Qs + RP * hs;                  // [stages][ATT_T][hs]
+    float* Vbuf = Kbuf + stages * ATT_T * hs;    // [stages][ATT_T][hs]
+    float* Ps = Vbuf + stages * ATT_T * hs;      // [ATT_T][RP]
     float* alpha_s = Ps + ATT_T * RP;            // [RP]
-    int* kpos_s = reinterpret_cast<int*>(alpha_s + RP);  // [ATT_T]
+    int* kpos_buf = reinterpret_cast<int*>(alpha_s + RP);  // [stages][ATT_T]
     const int tid = threadIdx.x;
     const int hd4 = hd >> 2;
 
@@ -74,22 +91,39 @@ __device__ __forceinline__ void attn_partial_impl(
 
     const int k_begin = split * keys_per_split;
     const int k_end = min(n_keys, k_begin + keys_per_split);
-    for (int kt = k_begin; kt < k_end; kt += ATT_T) {
-        __syncthreads();  // previous tile's K/V/P fully consumed (and Q written, first time)
+    // Issue every copy of the tile starting at key kt into buffer `buf` (zero-filled past k_end).
+    auto load_tile = [&](int kt, int buf) {
+        float* Kd = Kbuf + buf * ATT_T * hs;
+        float* Vd = Vbuf + buf * ATT_T * hs;
         for (int idx = tid; idx < ATT_T * hd4; idx += ATT_THREADS) {
             const int j = idx / hd4, c = idx % hd4;
             const int key = kt + j;
-            float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
-            if (key < k_end) {
-                const long long off = (long long)key * ldkv + (long long)kvh * hd;
-                kv4 = reinterpret_cast<const float4*>(K + off)[c];
-                vv4 = reinterpret_cast<const float4*>(V + off)[c];
-            }
-            reinterpret_cast<float4*>(Ks + j * hs)[c] = kv4;
-            reinterpret_cast<float4*>(Vs + j * hs)[c] = vv4;
+            const bool ok = key < k_end;
+            const long long off = (long long)(ok ? key : k_begin) * ldkv + (long long)kvh * hd + 4 * c;
+            cp_async16(Kd + j * hs + 4 * c, K + off, ok);
+            cp_async16(Vd + j * hs + 4 * c, V + off, ok);
         }
-        if (tid < ATT_T) kpos_s[tid] = kt + tid < k_end ? kpos[kt + tid] : 0;
-        __syncthreads();
+        if (tid < ATT_T) {
+            const bool ok = kt + tid < k_end;
+            cp_async4(kpos_buf + buf * ATT_T + tid, kpos + (ok ? kt + tid : k_begin), ok);
+        }
+        cp_async_commit();
+    };
+    if (k_begin < k_end) load_tile(k_begin, 0);
+    int buf = 0;
+    for (int kt = k_begin; kt < k_end; kt += ATT_T, buf = stages == 2 ? buf ^ 1 : 0) {
+        if (stages == 2) {
+            // the other buffer was released by the barrier that ended the previous tile
+            if (kt + ATT_T < k_end) load_tile(kt + ATT_T, buf ^ 1);
+            else cp_async_commit();            // keep one group per tile for the wait below
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // this tile (and Q, first time) visible to every thread
+        const float* Ks = Kbuf + buf * ATT_T * hs;
+        const float* Vs = Vbuf + buf * ATT_T * hs;
+        const int* kpos_s = kpos_buf + buf * ATT_T;
 
         // S = Q K^T for rows tr*RPT.., keys tc + 16c
         float s[RPT][4];
@@ -173,6 +207,8 @@ __device__ __forceinline__ void attn_partial_impl(
                 }
             }
         }
+        __syncthreads();  // K/V/P of this tile consumed: its buffer may be refilled
+        if (stages == 1 && kt + ATT_T < k_end) load_tile(kt + ATT_T, 0);
     }
 
     // Partial results: o_part [split][n_head][n_q][hd], ml_part [split][n_head][n_q][2].
@@ -206,9 +242,11 @@ __device__ __forceinline__ void attn_partial_impl(
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_partial_r##RPT##_o##ORPT(   \
         const float* q, long long ldq, const float* K, const float* V, long long ldkv,         \
         const int* qpos, const int* kpos, int n_q, int n_keys, int n_head, int n_kv, int hd,   \
-        int window, float scale, int keys_per_split, float* o_part, float* ml_part) {          \
+        int window, float scale, int keys_per_split, int stages, float* o_part,               \
+        float* ml_part) {                                                                      \
         attn_partial_impl<RPT, ORPT>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_head, n_kv, \
-                                     hd, window, scale, keys_per_split, o_part, ml_part);       \
+                                     hd, window, scale, keys_per_split, stages, o_part,         \
+                                     ml_part);                                                  \
     }
 // ORPT = max(1, 16*RPT*hd/1024) for hd in 16..256
 ATT_ENTRY(1, 1) ATT_ENTRY(1, 2) ATT_ENTRY(1, 4)

@@ -103,8 +103,7 @@ class _Workspace:
         self.attn = e.empty((b, cfg.q_dim))
         self.ff = e.empty((b, cfg.n_ff))
         self.kv_part = e.empty((self.ks_kv, INGEST_CHUNK, 2 * cfg.kv_dim))
-        group = cfg.n_head // cfg.n_kv
-        self.att = AttentionScratch(e, cfg.n_head, min(b, max(1, 128 // group)), cfg.head_dim)
+        self.att = AttentionScratch(e, cfg.n_head, cfg.n_kv, b, cfg.head_dim)
         self.inv_freq = e.htod(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scale))
         self.logits: dict[int, Any] = {}
 

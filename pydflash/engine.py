@@ -28,7 +28,6 @@ LINEAR_CHUNKS_PER_PASS = 8    # LIN_NWARPS * LIN_UNROLL 32-chunks of K per block
 MAX_K_SPLITS = 16
 F32_WARPS_PER_BLOCK = 8
 ATT_THREADS, ATT_T = 256, 64  # attention.cu
-SMEM_PER_SM = 227 * 1024       # usable shared memory per SM (sm_80..sm_90 class)
 EPILOGUES = {"store": "store", "add": "add", "silu_mul": "silu_mul"}
 
 
@@ -81,6 +80,8 @@ class Engine:
         self.sm_count = int(props["multiProcessorCount"])
         self.name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         self.arch = f"sm_{props['major']}{props['minor']}"
+        # opt-in shared memory per block (227 KiB on H100/H200, 163 KiB on A100, 99 KiB sm_89)
+        self.smem_per_block = int(self.device.attributes["MaxSharedMemoryPerBlockOptin"])
         self._functions: dict[tuple[str, str], Any] = {}
         self._smem_set: dict[str, int] = {}   # dynamic shared memory limit raised per kernel
 
@@ -336,8 +337,8 @@ class Engine:
         out = self._out(out, "out", m, n_head * head_dim)
         if n == 0:
             raise ShapeError("k: attention needs at least one key")
-        scratch = AttentionScratch(self, n_head, min(m, max(1, 128 // (n_head // n_kv))),
-                                   head_dim, max_splits=min(64, (n + ATT_T - 1) // ATT_T))
+        scratch = AttentionScratch(self, n_head, n_kv, m, head_dim,
+                                   max_splits=min(64, (n + ATT_T - 1) // ATT_T))
         self.attention_into(qa, ka, va, qp, kp, m, n, n_head, n_kv, head_dim, window or 0, out,
                             scratch)
         return out
@@ -361,9 +362,10 @@ class Engine:
         rows = group * m
         rpt = 1 << max(0, math.ceil(math.log2(max(1, (rows + 15) // 16))))
         orpt = max(1, 16 * rpt * hd // 1024)
-        hs = hd + 4
-        smem = 4 * (16 * rpt * hs + 2 * ATT_T * hs + ATT_T * 16 * rpt + 16 * rpt + ATT_T)
-        per_sm = max(1, SMEM_PER_SM // (smem + 1024))
+        smem, stages = _attention_smem(16 * rpt, hd, 2), 2
+        if smem > self.smem_per_block:
+            smem, stages = _attention_smem(16 * rpt, hd, 1), 1
+        per_sm = max(1, self.smem_per_block // (smem + 1024))
         tiles = (n_keys + ATT_T - 1) // ATT_T
         splits = max(1, min(scratch.max_splits, tiles, self.sm_count * per_sm // n_kv))
         keys_per_split = (tiles + splits - 1) // splits * ATT_T
@@ -377,7 +379,7 @@ class Engine:
            (q, np.int64(q.strides[0] // 4), k, v, np.int64(k.strides[0] // 4), q_pos, k_pos,
             np.int32(m), np.int32(n_keys), np.int32(n_head), np.int32(n_kv), np.int32(hd),
             np.int32(window), np.float32(hd ** -0.5), np.int32(keys_per_split),
-            scratch.o_part, scratch.ml_part), shared_mem=smem)
+            np.int32(stages), scratch.o_part, scratch.ml_part), shared_mem=smem)
         self.launch("attention", "attn_combine", (n_head * m,), hd,
                     (scratch.o_part, scratch.ml_part, out, np.int64(out.strides[0] // 4),
                      np.int32(m), np.int32(n_head), np.int32(hd), np.int32(splits)))
@@ -509,14 +511,37 @@ class Engine:
             raise ShapeError(f"{name}: dtype must be float32, found {a.dtype}")
 
 
-class AttentionScratch:
-    """Partial-result buffers of split-KV attention for up to n_q query rows a launch, sized
-    once (no allocation per call)."""
+def _attention_smem(rows: int, hd: int, stages: int) -> int:
+    """Dynamic shared memory of attn_partial for `rows` padded query rows (attention.cu)."""
+    hs = hd + 4
+    return 4 * (rows * hs + 2 * stages * ATT_T * hs + ATT_T * rows + rows + stages * ATT_T)
 
-    def __init__(self, e: Engine, n_head: int, n_q: int, head_dim: int, max_splits: int = 64):
-        self.n_q, self.max_splits = n_q, max_splits
-        self.o_part = e.empty((max_splits, n_head, n_q, head_dim), np.float32)
-        self.ml_part = e.empty((max_splits, n_head, n_q, 2), np.float32)
+
+def attention_rows_per_launch(n_head: int, n_kv: int, hd: int, smem_limit: int) -> int:
+    """Most query rows one attn_partial launch takes: its G*rows query-head rows must fit in
+    128 and, single-buffered, in `smem_limit` bytes of shared memory."""
+    group = n_head // n_kv
+
+    def padded(rows: int) -> int:
+        return 16 * (1 << math.ceil(math.log2(max(1, (group * rows + 15) // 16))))
+
+    rows = max(1, 128 // group)
+    while rows > 1 and _attention_smem(padded(rows), hd, 1) > smem_limit:
+        rows //= 2
+    return rows
+
+
+class AttentionScratch:
+    """Partial-result buffers of split-KV attention for up to n_q query rows a launch (capped
+    by attention_rows_per_launch), sized once: no allocation per call."""
+
+    def __init__(self, e: Engine, n_head: int, n_kv: int, n_q: int, head_dim: int,
+                 max_splits: int = 64):
+        self.n_q = max(1, min(n_q, attention_rows_per_launch(n_head, n_kv, head_dim,
+                                                             e.smem_per_block)))
+        self.max_splits = max_splits
+        self.o_part = e.empty((max_splits, n_head, self.n_q, head_dim), np.float32)
+        self.ml_part = e.empty((max_splits, n_head, self.n_q, 2), np.float32)
 
 
 def _check_attention_geometry(n_head: int, n_kv: int, head_dim: int) -> None:
