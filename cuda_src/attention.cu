@@ -59,16 +59,13 @@ __device__ __forceinline__ void attn_partial_impl(
     const int tid = threadIdx.x;
     const int hd4 = hd >> 2;
 
-    // Q rows of this kv head's query heads (zero rows past R).
+    // Q rows of this kv head's query heads (zero rows past R), by cp.async: they join the first
+    // tile's copy group.
     for (int idx = tid; idx < RP * hd4; idx += ATT_THREADS) {
         const int r = idx / hd4, c = idx % hd4;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < R) {
-            const int gq = r / n_q, i = r % n_q;
-            v = reinterpret_cast<const float4*>(q + (long long)i * ldq +
-                                                (long long)(kvh * G + gq) * hd)[c];
-        }
-        reinterpret_cast<float4*>(Qs + r * hs)[c] = v;
+        const bool ok = r < R;
+        const int gq = ok ? r / n_q : 0, i = ok ? r % n_q : 0;
+        cp_async16(Qs + r * hs + 4 * c, q + (long long)i * ldq + (long long)(kvh * G + gq) * hd + 4 * c, ok);
     }
 
     const int tr = tid >> 4, tc = tid & 15;
@@ -120,7 +117,7 @@ __device__ __forceinline__ void attn_partial_impl(
         } else {
             cp_async_wait<0>();
         }
-        __syncthreads();  // this tile (and Q, first time) visible to every thread
+        __syncthreads();  // this tile (and Q, the first time) visible to every thread
         const float* Ks = Kbuf + buf * ATT_T * hs;
         const float* Vs = Vbuf + buf * ATT_T * hs;
         const int* kpos_s = kpos_buf + buf * ATT_T;
@@ -210,6 +207,8 @@ __device__ __forceinline__ void attn_partial_impl(
         __syncthreads();  // K/V/P of this tile consumed: its buffer may be refilled
         if (stages == 1 && kt + ATT_T < k_end) load_tile(kt + ATT_T, 0);
     }
+
+    cp_async_wait<0>();   // nothing may stay in flight at exit (an empty split issued Q only)
 
     // Partial results: o_part [split][n_head][n_q][hd], ml_part [split][n_head][n_q][2].
     const long long split_rows = (long long)n_head * n_q;

@@ -20,6 +20,10 @@ extern "C" __global__ void rms_norm_rows(const float* x, long long ldx,
 // partial sums of the last projection, added in split order), resid_out = v, out = RMSNorm(v)*w.
 // part, resid_in and resid_out may each be null (n_split = 0 with no part); resid_in and
 // resid_out may alias (the residual updated in place). One block per row of n.
+// Each thread keeps up to RMS_VEC float4 of the row in registers and issues all its loads
+// before the first use (n % 4 == 0, n <= 4 * RMS_VEC * blockDim.x; else the scalar path).
+#define RMS_VEC 4
+
 extern "C" __global__ void reduce_rms_norm(const float* part, int n_split, long long split_stride,
                                            const float* resid_in, float* resid_out,
                                            const float* __restrict__ w, float* out, int n,
@@ -27,6 +31,36 @@ extern "C" __global__ void reduce_rms_norm(const float* part, int n_split, long 
     __shared__ float scratch[32];
     const long long base = (long long)blockIdx.x * n;
     float ss = 0.f;
+    if ((n & 3) == 0 && n <= 4 * RMS_VEC * (int)blockDim.x) {
+        float4 v[RMS_VEC];
+#pragma unroll
+        for (int j = 0; j < RMS_VEC; ++j) {
+            const int i = 4 * (threadIdx.x + j * blockDim.x);
+            v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (i < n) {
+                if (resid_in != nullptr) v[j] = *reinterpret_cast<const float4*>(resid_in + base + i);
+                for (int s = 0; s < n_split; ++s) {
+                    const float4 p = *reinterpret_cast<const float4*>(part + s * split_stride + base + i);
+                    v[j].x += p.x; v[j].y += p.y; v[j].z += p.z; v[j].w += p.w;
+                }
+                if (resid_out != nullptr) *reinterpret_cast<float4*>(resid_out + base + i) = v[j];
+                ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
+            }
+        }
+        ss = block_sum(ss, scratch);
+        const float inv = 1.f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+        for (int j = 0; j < RMS_VEC; ++j) {
+            const int i = 4 * (threadIdx.x + j * blockDim.x);
+            if (i < n) {
+                const float4 wv = *reinterpret_cast<const float4*>(w + i);
+                *reinterpret_cast<float4*>(out + base + i) =
+                    make_float4((v[j].x * inv) * wv.x, (v[j].y * inv) * wv.y,
+                                (v[j].z * inv) * wv.z, (v[j].w * inv) * wv.w);
+            }
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float v = resid_in != nullptr ? resid_in[base + i] : 0.f;
         for (int s = 0; s < n_split; ++s) v += part[s * split_stride + base + i];

@@ -166,6 +166,9 @@ class Engine:
                              f"found shape {list(arr.shape)}")
         if not arr.flags.c_contiguous:
             raise ShapeError(f"{name}: must be C-contiguous")
+        if arr.data.ptr % 16:
+            raise ShapeError(f"{name}: device pointer must be 16-byte aligned (kernels load "
+                             f"float4), found offset {arr.data.ptr % 16}")
         return arr.reshape(rows, cols)
 
     def int32_ids(self, ids: Any, name: str, n: int | None = None) -> "cp.ndarray":
@@ -258,7 +261,8 @@ class Engine:
         """Unchecked: v = resid_in + sum of n_split partials; resid_out = v;
         out = RMSNorm(v) * w (rows of n, contiguous)."""
         if rows:
-            self.launch("norm", "reduce_rms_norm", (rows,), 256 if n >= 256 else 64,
+            threads = min(1024, max(32, (n // 4 + 31) // 32 * 32))   # one float4 per thread
+            self.launch("norm", "reduce_rms_norm", (rows,), threads,
                         (part if part is not None else _null(), np.int32(n_split),
                          np.int64(split_stride), resid_in if resid_in is not None else _null(),
                          resid_out if resid_out is not None else _null(), w, out, np.int32(n),
