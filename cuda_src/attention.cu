@@ -41,9 +41,17 @@ template <int RPT, int ORPT>
 __device__ __forceinline__ void attn_partial_impl(
     const float* __restrict__ q, long long ldq, const float* __restrict__ K,
     const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
-    const int* __restrict__ kpos, int n_q, int n_keys, int n_head, int n_kv, int hd, int window,
-    float scale, int keys_per_split, int stages, float* __restrict__ o_part,
+    const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
+    int n_head, int n_kv, int hd, int window, float scale, int stages, float* __restrict__ o_part,
     float* __restrict__ ml_part) {
+    // keys = n_keys (+ *n_keys_base: the DflashKv length, read on the device so a captured
+    // graph stays valid as it grows), cut into min(n_splits, tiles) splits of whole tiles. The
+    // cut depends on the key count only, never on the grid, so every path that sees the same
+    // keys sums them in the same order; blocks past the last split write empty partials.
+    if (n_keys_base != nullptr) n_keys += *n_keys_base;
+    const int tiles = (n_keys + ATT_T - 1) / ATT_T;
+    const int used = min(n_splits, tiles);
+    const int keys_per_split = (tiles + used - 1) / max(used, 1) * ATT_T;
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);
     constexpr int RP = 16 * RPT;
@@ -240,11 +248,11 @@ __device__ __forceinline__ void attn_partial_impl(
 #define ATT_ENTRY(RPT, ORPT)                                                                    \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_partial_r##RPT##_o##ORPT(   \
         const float* q, long long ldq, const float* K, const float* V, long long ldkv,         \
-        const int* qpos, const int* kpos, int n_q, int n_keys, int n_head, int n_kv, int hd,   \
-        int window, float scale, int keys_per_split, int stages, float* o_part,               \
-        float* ml_part) {                                                                      \
-        attn_partial_impl<RPT, ORPT>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_head, n_kv, \
-                                     hd, window, scale, keys_per_split, stages, o_part,         \
+        const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base,         \
+        int n_splits, int n_head, int n_kv, int hd, int window, float scale, int stages,       \
+        float* o_part, float* ml_part) {                                                       \
+        attn_partial_impl<RPT, ORPT>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base,  \
+                                     n_splits, n_head, n_kv, hd, window, scale, stages, o_part, \
                                      ml_part);                                                  \
     }
 // ORPT = max(1, 16*RPT*hd/1024) for hd in 16..256

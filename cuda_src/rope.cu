@@ -61,12 +61,13 @@ extern "C" __global__ void head_norm_rope(const float* x, long long ldx, float* 
 // After the fused projection: src [rows, (n_q + 2*n_kv)*hd] laid out q | k | v (n_q may be 0),
 // given as n_split split-K partial sums src + s*split_stride, added here in split order.
 // q heads -> q_out [rows, n_q*hd]; k heads -> k_out row r; v heads copied to v_out row r.
-// k_out/v_out are KV-cache rows already offset to the first row written (stride n_kv*hd).
+// K/V-cache rows are written from row *row_base (a device int: the DflashKv length, so a
+// captured CUDA graph stays valid as it grows; null = 0) of k_out/v_out (stride n_kv*hd).
 extern "C" __global__ void qkv_post(const float* src, long long ld_src, int n_split,
                                     long long split_stride, float* q_out, float* k_out,
-                                    float* v_out, const float* q_norm, const float* k_norm,
-                                    const int* pos, const float* inv_freq, int rows, int n_q,
-                                    int n_kv, int hd, float eps) {
+                                    float* v_out, const int* row_base, const float* q_norm,
+                                    const float* k_norm, const int* pos, const float* inv_freq,
+                                    int rows, int n_q, int n_kv, int hd, float eps) {
     __shared__ float buf[4][ROPE_MAX_HD];
     __shared__ float sum[4][ROPE_MAX_HD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -84,6 +85,10 @@ extern "C" __global__ void qkv_post(const float* src, long long ld_src, int n_sp
     }
     __syncwarp();
     const long long kv_ld = (long long)n_kv * hd;
+    if (row_base != nullptr) {
+        k_out += (long long)*row_base * kv_ld;
+        v_out += (long long)*row_base * kv_ld;
+    }
     if (h < n_q) {
         norm_rope_head(acc, q_out + r * n_q * hd + (long long)h * hd, q_norm, pos[r], inv_freq,
                        hd, eps, buf[warp]);

@@ -10,6 +10,7 @@ the host: buffers live in a per-drafter workspace (one drafter = one stream of r
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -95,6 +96,8 @@ class _Workspace:
         b = cfg.block_size
         self.ks_qkv, self.ks_kv = e.k_splits(layer.qkv), e.k_splits(layer.kv)
         self.ks_o, self.ks_down = e.k_splits(layer.o), e.k_splits(layer.down)
+        self.noise = e.empty((b, cfg.hidden))               # the round's input, copied in
+        self.out = e.empty((b, cfg.hidden))                 # the round's output
         self.x = e.empty((b, cfg.hidden))                   # the residual stream
         self.xn = e.empty((b, cfg.hidden))                  # its normed copy
         self.qkv_part = e.empty((self.ks_qkv, b, layer.qkv.out_features))
@@ -112,17 +115,22 @@ class DflashDraft:
     def __init__(self, e: Engine, cfg: DflashCfg, layers: list[DflashLayer], fc: GpuTensor,
                  hidden_norm: Any, norm: Any, markov: MarkovHead | None = None,
                  embed: GpuTensor | None = None, lm_head: GpuTensor | None = None,
-                 precision: str = "bf16") -> None:
+                 precision: str = "bf16", cuda_graphs: bool = True) -> None:
         self.cfg, self.layers, self.fc = cfg, layers, fc
         self.hidden_norm, self.norm, self.markov = hidden_norm, norm, markov
         self.embed, self.lm_head, self.precision = embed, lm_head, precision
         self.device = e.ordinal
         self._ws = _Workspace(e, cfg, layers[0])
+        # forward_round replays one captured CUDA graph per DflashKv (see forward_round)
+        self.cuda_graphs = cuda_graphs
+        self._graphs: "weakref.WeakKeyDictionary[DflashKv, Any]" = weakref.WeakKeyDictionary()
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
-    def load(cls, e: Engine, dir: str | Path, precision: str = "bf16") -> "DflashDraft":
-        """Load a checkpoint directory, validated in full before any GPU memory is touched."""
+    def load(cls, e: Engine, dir: str | Path, precision: str = "bf16", *,
+             cuda_graphs: bool = True) -> "DflashDraft":
+        """Load a checkpoint directory, validated in full before any GPU memory is touched.
+        cuda_graphs: replay forward_round as a captured CUDA graph (False: plain launches)."""
         if precision not in PRECISIONS:
             raise ShapeError(f"precision must be one of {PRECISIONS}, found {precision!r}")
         ckpt = Checkpoint.open(dir)
@@ -132,7 +140,9 @@ class DflashDraft:
         if not isinstance(e, Engine):
             raise ShapeError(f"e: expected an Engine, found {type(e).__name__}")
         with e.device, e.stream:
-            return cls._load(e, ckpt, precision)
+            draft = cls._load(e, ckpt, precision)
+        draft.cuda_graphs = cuda_graphs
+        return draft
 
     @classmethod
     def _load(cls, e: Engine, ckpt: Checkpoint, precision: str) -> "DflashDraft":
@@ -240,7 +250,7 @@ class DflashDraft:
         _check_len(pos, "pos", ctx + c.block_size)
         kv = DflashKv(e, c, ctx)
         self.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
-        return self.forward_round(e, kv, noise_emb, pos[ctx:])
+        return self._round(e, kv, noise_emb, pos[ctx:], None, capture=False)
 
     @on_stream
     def ingest_ctx(self, e: Engine, kv: DflashKv, feats: Any, pos_new: Sequence[int] | Any,
@@ -260,53 +270,81 @@ class DflashDraft:
             for li, layer in enumerate(self.layers):
                 e.linear(layer.kv, f[r0:r0 + m], m, ws.kv_part, "store", None, ws.ks_kv, stride)
                 self._qkv_post(e, ws.kv_part, ws.ks_kv, stride, m, 0, None, kv.k[li][row:],
-                               kv.v[li][row:], kv.pos[row:], layer)
+                               kv.v[li][row:], None, kv.pos[row:], layer)
         kv._len = start + t
 
     @on_stream
     def forward_round(self, e: Engine, kv: DflashKv, noise_emb: Any,
                       pos_block: Sequence[int] | Any, *, out: Any = None) -> Any:
         """Block forward over the cached ctx K/V. The block's K/V land in the scratch rows
-        [len, len+b) and are never committed. Returns [b, hidden] (`out` if given)."""
+        [len, len+b) and are never committed. Returns [b, hidden] (`out` if given).
+        From the second round on a DflashKv it replays a captured CUDA graph: the kernels
+        read len and the block positions on the device, so the graph serves every len."""
+        return self._round(e, kv, noise_emb, pos_block, out, capture=self.cuda_graphs)
+
+    def _round(self, e: Engine, kv: DflashKv, noise_emb: Any, pos_block: Sequence[int] | Any,
+               out: Any, capture: bool) -> Any:
         self._check(e, kv)
         c, ws, b = self.cfg, self._ws, self.cfg.block_size
         noise = e.f32_rows(noise_emb, "noise_emb", b, c.hidden)
         out = e._out(out, "out", b, c.hidden)
-        n = kv.len
-        kv.stage_positions(e, pos_block, n, b, "pos_block")
-        pos = kv.pos[n:n + b]
+        kv.stage_round(e, pos_block, "pos_block")        # validates, then writes
+        ws.noise[...] = noise
+        graph = self._graphs.get(kv) if capture else None
+        if graph is not None:
+            graph.launch(e.stream)
+        else:
+            self._round_kernels(e, kv)
+            if capture:     # the eager run above compiled and configured every kernel
+                e.stream.begin_capture()
+                try:
+                    self._round_kernels(e, kv)
+                finally:
+                    graph = e.stream.end_capture()
+                self._graphs[kv] = graph
+        out[...] = ws.out
+        return out
+
+    def _round_kernels(self, e: Engine, kv: DflashKv) -> None:
+        """Every launch of a round; nothing here depends on kv.len on the host."""
+        c, ws, b = self.cfg, self._ws, self.cfg.block_size
+        length, pos = kv.round_args[:1], kv.round_args[1:]
         h, qkv_stride, x_stride = c.hidden, b * ws.qkv_part.shape[2], b * c.hidden
+        e.launch("elementwise", "scatter_block_pos", (1,), max(32, b),
+                 (kv.pos, length, pos, np.int32(b)))
         # x = noise_emb (the residual stream); xn = input_layernorm of layer 0
-        e.reduce_rms_norm(None, 0, 0, noise, ws.x, self.layers[0].input_layernorm, ws.xn, b, h,
-                          c.eps)
+        e.reduce_rms_norm(None, 0, 0, ws.noise, ws.x, self.layers[0].input_layernorm, ws.xn, b,
+                          h, c.eps)
         for li, layer in enumerate(self.layers):
             e.linear(layer.qkv, ws.xn, b, ws.qkv_part, "store", None, ws.ks_qkv, qkv_stride)
-            self._qkv_post(e, ws.qkv_part, ws.ks_qkv, qkv_stride, b, c.n_head, ws.q,
-                           kv.k[li][n:], kv.v[li][n:], pos, layer)
-            e.attention_into(ws.q, kv.k[li], kv.v[li], pos, kv.pos, b, n + b, c.n_head, c.n_kv,
-                             c.head_dim, layer.window or 0, ws.attn, ws.att)
+            self._qkv_post(e, ws.qkv_part, ws.ks_qkv, qkv_stride, b, c.n_head, ws.q, kv.k[li],
+                           kv.v[li], length, pos, layer)
+            e.attention_into(ws.q, kv.k[li], kv.v[li], pos, kv.pos, b, b, c.n_head, c.n_kv,
+                             c.head_dim, layer.window or 0, ws.attn, ws.att,
+                             n_keys_base=length, max_keys=kv.cap + b)
             # x += o(attn); xn = post_attention_layernorm(x)  (split-K partials added here)
             e.linear(layer.o, ws.attn, b, ws.x_part, "store", None, ws.ks_o, x_stride)
             e.reduce_rms_norm(ws.x_part, ws.ks_o, x_stride, ws.x, ws.x,
                               layer.post_attention_layernorm, ws.xn, b, h, c.eps)
             e.linear(layer.gate_up, ws.xn, b, ws.ff, "silu_mul", None)
-            # x += down(ff); xn = the next layer's input_layernorm(x), or the final norm -> out
+            # x += down(ff); xn = the next layer's input_layernorm(x), or the final norm
             e.linear(layer.down, ws.ff, b, ws.x_part, "store", None, ws.ks_down, x_stride)
             last = li + 1 == len(self.layers)
             e.reduce_rms_norm(ws.x_part, ws.ks_down, x_stride, ws.x, ws.x,
                               self.norm if last else self.layers[li + 1].input_layernorm,
-                              out if last else ws.xn, b, h, c.eps)
-        return out
+                              ws.out if last else ws.xn, b, h, c.eps)
 
     def _qkv_post(self, e: Engine, part: Any, n_split: int, split_stride: int, rows: int,
-                  n_q: int, q_out: Any, k_out: Any, v_out: Any, pos: Any,
+                  n_q: int, q_out: Any, k_out: Any, v_out: Any, row_base: Any, pos: Any,
                   layer: DflashLayer) -> None:
-        """Sum the projection's split-K partials; q/k head RMSNorm + RoPE; the V copy."""
+        """Sum the projection's split-K partials; q/k head RMSNorm + RoPE; the V copy. K/V rows
+        go to k_out/v_out from row *row_base (a device int; None = row 0)."""
         c = self.cfg
         items = rows * (n_q + 2 * c.n_kv)
         e.launch("rope", "qkv_post", ((items + 3) // 4,), 128,
                  (part, np.int64(part.shape[-1]), np.int32(n_split), np.int64(split_stride),
-                  q_out if q_out is not None else np.uintp(0), k_out, v_out, layer.q_norm,
+                  q_out if q_out is not None else np.uintp(0), k_out, v_out,
+                  row_base if row_base is not None else np.uintp(0), layer.q_norm,
                   layer.k_norm, pos, self._ws.inv_freq, np.int32(rows), np.int32(n_q),
                   np.int32(c.n_kv), np.int32(c.head_dim), np.float32(c.eps)))
 

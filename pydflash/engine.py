@@ -350,43 +350,52 @@ class Engine:
     def attention_into(self, q: "cp.ndarray", k: "cp.ndarray", v: "cp.ndarray",
                        q_pos: "cp.ndarray", k_pos: "cp.ndarray", m: int, n_keys: int,
                        n_head: int, n_kv: int, hd: int, window: int, out: "cp.ndarray",
-                       scratch: "AttentionScratch") -> None:
+                       scratch: "AttentionScratch", n_keys_base: "cp.ndarray | None" = None,
+                       max_keys: int | None = None) -> None:
         """Unchecked split-KV attention (partial + combine launches), in query chunks of at
-        most scratch.n_q rows (the kernel holds R = group * rows <= 128 query rows)."""
+        most scratch.n_q rows (the kernel holds R = group * rows <= 128 query rows).
+        With n_keys_base (a device int) the key count is n_keys + *n_keys_base, read on the
+        device, and max_keys bounds it (sizes the grid): the launches stay valid in a graph."""
         for r0 in range(0, m, scratch.n_q):
             rows = min(scratch.n_q, m - r0)
             self._attention_chunk(q[r0:], k, v, q_pos[r0:], k_pos, rows, n_keys, n_head, n_kv,
-                                  hd, window, out[r0:], scratch)
+                                  hd, window, out[r0:], scratch, n_keys_base,
+                                  max_keys or n_keys)
+
+    def attention_splits(self, n_kv: int, rows: int, hd: int) -> tuple[int, int, int]:
+        """(target splits, stages, shared memory bytes) of one attn_partial launch: enough
+        blocks for every SM at the occupancy its shared memory allows."""
+        smem, stages = _attention_smem(rows, hd, 2), 2
+        if smem > self.smem_per_block:
+            smem, stages = _attention_smem(rows, hd, 1), 1
+        per_sm = max(1, self.smem_per_block // (smem + 1024))
+        return max(1, self.sm_count * per_sm // n_kv), stages, smem
 
     def _attention_chunk(self, q: "cp.ndarray", k: "cp.ndarray", v: "cp.ndarray",
                          q_pos: "cp.ndarray", k_pos: "cp.ndarray", m: int, n_keys: int,
                          n_head: int, n_kv: int, hd: int, window: int, out: "cp.ndarray",
-                         scratch: "AttentionScratch") -> None:
+                         scratch: "AttentionScratch", n_keys_base: "cp.ndarray | None",
+                         max_keys: int) -> None:
         group = n_head // n_kv
-        rows = group * m
-        rpt = 1 << max(0, math.ceil(math.log2(max(1, (rows + 15) // 16))))
+        rpt = 1 << max(0, math.ceil(math.log2(max(1, (group * m + 15) // 16))))
         orpt = max(1, 16 * rpt * hd // 1024)
-        smem, stages = _attention_smem(16 * rpt, hd, 2), 2
-        if smem > self.smem_per_block:
-            smem, stages = _attention_smem(16 * rpt, hd, 1), 1
-        per_sm = max(1, self.smem_per_block // (smem + 1024))
-        tiles = (n_keys + ATT_T - 1) // ATT_T
-        splits = max(1, min(scratch.max_splits, tiles, self.sm_count * per_sm // n_kv))
-        keys_per_split = (tiles + splits - 1) // splits * ATT_T
-        splits = (n_keys + keys_per_split - 1) // keys_per_split
+        target, stages, smem = self.attention_splits(n_kv, 16 * rpt, hd)
+        target = min(target, scratch.max_splits)
+        grid_splits = max(1, min(target, (max_keys + ATT_T - 1) // ATT_T))
         name = f"attn_partial_r{rpt}_o{orpt}"
         fn = self.kernel("attention", name)
         if smem > 48 * 1024 and self._smem_set.get(name, 0) < smem:
             fn.max_dynamic_shared_size_bytes = smem
             self._smem_set[name] = smem
-        fn((n_kv, splits), (ATT_THREADS,),
+        fn((n_kv, grid_splits), (ATT_THREADS,),
            (q, np.int64(q.strides[0] // 4), k, v, np.int64(k.strides[0] // 4), q_pos, k_pos,
-            np.int32(m), np.int32(n_keys), np.int32(n_head), np.int32(n_kv), np.int32(hd),
-            np.int32(window), np.float32(hd ** -0.5), np.int32(keys_per_split),
-            np.int32(stages), scratch.o_part, scratch.ml_part), shared_mem=smem)
+            np.int32(m), np.int32(n_keys), n_keys_base if n_keys_base is not None else _null(),
+            np.int32(target), np.int32(n_head), np.int32(n_kv), np.int32(hd),
+            np.int32(window), np.float32(hd ** -0.5), np.int32(stages),
+            scratch.o_part, scratch.ml_part), shared_mem=smem)
         self.launch("attention", "attn_combine", (n_head * m,), hd,
                     (scratch.o_part, scratch.ml_part, out, np.int64(out.strides[0] // 4),
-                     np.int32(m), np.int32(n_head), np.int32(hd), np.int32(splits)))
+                     np.int32(m), np.int32(n_head), np.int32(hd), np.int32(grid_splits)))
 
     @on_stream
     def silu_mul(self, gate: Any, up: Any, *, out: Any = None) -> "cp.ndarray":

@@ -30,6 +30,11 @@ class DflashKv:
         self.k = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
         self.v = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
         self.pos = e.zeros(rows, np.int32)
+        # A round's [len, block positions...]: read by the kernels on the device, so one
+        # captured CUDA graph of forward_round serves every len.
+        self.round_args = e.zeros(1 + cfg.block_size, np.int32)
+        self._round_host = np.frombuffer(cp.cuda.alloc_pinned_memory(4 * (1 + cfg.block_size)),
+                                         np.int32, 1 + cfg.block_size)
         # Page-locked mirror of `pos`: positions are staged here and copied asynchronously;
         # `_staged` marks when the last copy out of it finished, before it is written again.
         self.pos_host = cp.cuda.alloc_pinned_memory(rows * 4)
@@ -61,6 +66,31 @@ class DflashKv:
     def check_room(self, t: int, what: str) -> None:
         if self._len + t > self._cap:
             raise CapacityError(f"{what}: {t} rows at len {self._len} exceed cap {self._cap}")
+
+    def stage_round(self, e: "Engine", pos_block: Any, name: str) -> None:
+        """[len, pos_block...] -> round_args (validated first; async from pinned memory)."""
+        import cupy as cp
+
+        b = self.cfg.block_size
+        device_pos = isinstance(pos_block, cp.ndarray) or hasattr(pos_block,
+                                                                 "__cuda_array_interface__")
+        if device_pos:
+            src = e.int32_ids(pos_block, name, b)
+        else:
+            from .engine import _host_int32
+
+            host = _host_int32(pos_block, name)
+            if host.size != b:
+                raise ShapeError(f"{name}: expected {b} positions, found {host.size}")
+        self._staged.synchronize()
+        self._round_host[0] = self._len
+        if device_pos:
+            self.round_args[:1].set(self._round_host[:1], stream=e.stream)
+            self.round_args[1:] = src
+        else:
+            self._round_host[1:] = host
+            self.round_args.set(self._round_host, stream=e.stream)
+        self._staged.record(e.stream)
 
     def stage_positions(self, e: "Engine", pos: Any, start: int, n: int, name: str) -> None:
         """Positions of rows [start, start+n) -> self.pos, from host ints or a device int32

@@ -205,3 +205,33 @@ def test_load_errors(engine, tmp_path):
         DflashDraft.load(engine, tmp_path, "fp8")
     with pytest.raises(CheckpointError, match="config.json"):
         DflashDraft.load(engine, tmp_path, "bf16")
+
+
+def test_graph_replay_equals_plain_launches_as_len_grows(engine, ckpts, rng):
+    """forward_round replays one captured graph per DflashKv; len and the block positions are
+    read on the device, so every later round (longer ctx, rolled back ctx) must equal a drafter
+    that launches every kernel itself."""
+    from pydflash import DflashDraft, DflashKv
+
+    e = engine
+    graphed = DflashDraft.load(e, ckpts["medium"], "bf16")
+    plain = DflashDraft.load(e, ckpts["medium"], "bf16", cuda_graphs=False)
+    cfg = graphed.cfg
+    kv_g, kv_p = DflashKv(e, cfg, 200), DflashKv(e, cfg, 200)
+    taps = rng.standard_normal((150, cfg.n_taps * cfg.hidden)).astype(np.float32)
+    feats = graphed.ctx_features(e, e.htod(taps), 150)
+    done = 0
+    for step, (add, back) in enumerate([(70, 0), (1, 0), (16, 0), (0, 9), (60, 0)]):
+        for kv in (kv_g, kv_p):
+            kv.len = kv.len - back
+        done -= back
+        if add:
+            graphed.ingest_ctx(e, kv_g, feats[done:done + add], np.arange(done, done + add), add)
+            plain.ingest_ctx(e, kv_p, feats[done:done + add], np.arange(done, done + add), add)
+            done += add
+        noise = e.htod(rng.standard_normal((cfg.block_size, cfg.hidden)).astype(np.float32))
+        pos = np.arange(done, done + cfg.block_size) + step
+        a = e.dtoh(graphed.forward_round(e, kv_g, noise, pos))
+        b = e.dtoh(plain.forward_round(e, kv_p, noise, pos))
+        np.testing.assert_array_equal(a, b)
+    assert len(graphed._graphs) == 1 and len(plain._graphs) == 0
