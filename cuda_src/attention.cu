@@ -261,6 +261,231 @@ ATT_ENTRY(2, 1) ATT_ENTRY(2, 2) ATT_ENTRY(2, 4) ATT_ENTRY(2, 8)
 ATT_ENTRY(4, 1) ATT_ENTRY(4, 2) ATT_ENTRY(4, 4) ATT_ENTRY(4, 8) ATT_ENTRY(4, 16)
 ATT_ENTRY(8, 1) ATT_ENTRY(8, 2) ATT_ENTRY(8, 4) ATT_ENTRY(8, 8) ATT_ENTRY(8, 16) ATT_ENTRY(8, 32)
 
+// attn_partial_tc: the same partials on the tensor cores (drafter precisions other than f32).
+// Warp w owns the 16 query rows 16w.. (W = RP/16 warps). Q lives in registers as bf16 hi/lo
+// A fragments; each K/V tile arrives in f32 by cp.async, is split once into bf16 hi/lo (K
+// row-major, V transposed) and the next tile's copies start while this one is computed.
+// S = Q K^T and O += P V take three MMAs per product (hi.hi + hi.lo + lo.hi): ~16-bit inputs,
+// f32 accumulation. The softmax runs on the S accumulators, whose layout is the A layout of P.
+template <int HD, int W>
+__device__ __forceinline__ void attn_partial_tc_impl(
+    const float* __restrict__ q, long long ldq, const float* __restrict__ K,
+    const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
+    const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
+    int n_head, int n_kv, int window, float scale, float* __restrict__ o_part,
+    float* __restrict__ ml_part) {
+    constexpr int KS = HD / 16;                 // k-steps of S over the head dim
+    constexpr int NS = ATT_T / 8;               // n-tiles of S over the keys
+    constexpr int ND = HD / 8;                  // n-tiles of O over the head dim
+    constexpr int FS = HD + 4;                  // f32 tile row stride (floats)
+    constexpr int BS = HD + 8;                  // bf16 K row stride (elements)
+    constexpr int VS = ATT_T + 8;               // bf16 V^T row stride (elements)
+    extern __shared__ float4 smem4[];
+    float* Kf = reinterpret_cast<float*>(smem4);            // [ATT_T][FS]
+    float* Vf = Kf + ATT_T * FS;                            // [ATT_T][FS]
+    unsigned short* Khi = reinterpret_cast<unsigned short*>(Vf + ATT_T * FS);  // [ATT_T][BS]
+    unsigned short* Klo = Khi + ATT_T * BS;
+    unsigned short* Vhi = Klo + ATT_T * BS;                 // [HD][VS]
+    unsigned short* Vlo = Vhi + HD * VS;
+    int* kpos_f = reinterpret_cast<int*>(Vlo + HD * VS);    // [ATT_T] (arriving)
+    int* kpos_s = kpos_f + ATT_T;                           // [ATT_T] (current)
+
+    if (n_keys_base != nullptr) n_keys += *n_keys_base;
+    const int tiles = (n_keys + ATT_T - 1) / ATT_T;
+    const int used = min(n_splits, tiles);
+    const int keys_per_split = (tiles + used - 1) / max(used, 1) * ATT_T;
+    const int G = n_head / n_kv, R = G * n_q;
+    const int kvh = blockIdx.x, split = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int k_begin = split * keys_per_split;
+    const int k_end = min(n_keys, k_begin + keys_per_split);
+
+    auto load_tile = [&](int kt) {
+        for (int idx = tid; idx < ATT_T * (HD / 4); idx += 32 * W) {
+            const int j = idx / (HD / 4), c = idx % (HD / 4);
+            const int key = kt + j;
+            const bool ok = key < k_end;
+            const long long off = (long long)(ok ? key : k_begin) * ldkv + (long long)kvh * HD + 4 * c;
+            cp_async16(Kf + j * FS + 4 * c, K + off, ok);
+            cp_async16(Vf + j * FS + 4 * c, V + off, ok);
+        }
+        for (int j = tid; j < ATT_T; j += 32 * W) {
+            const bool ok = kt + j < k_end;
+            cp_async4(kpos_f + j, kpos + (ok ? kt + j : k_begin), ok);
+        }
+        cp_async_commit();
+    };
+    if (k_begin < k_end) load_tile(k_begin);
+
+    // this warp's query rows: rg = 16*warp + g and rg + 8
+    int qp[2];
+    bool row_ok[2];
+    const float* qrow[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + g + 8 * h;
+        row_ok[h] = r < R;
+        const int gq = row_ok[h] ? r / n_q : 0, i = row_ok[h] ? r % n_q : 0;
+        qp[h] = qpos[i];
+        qrow[h] = q + (long long)i * ldq + (long long)(kvh * G + gq) * HD;
+    }
+    unsigned qa_hi[KS][4], qa_lo[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+#pragma unroll
+        for (int part = 0; part < 4; ++part) {  // a0a1: (g, 2t) a2a3: (g+8, 2t) a4a5: (g, 2t+8) a6a7
+            const int h = part & 1, col = 16 * s + 2 * t + 8 * (part >> 1);
+            float2 v = make_float2(0.f, 0.f);
+            if (row_ok[h]) v = *reinterpret_cast<const float2*>(qrow[h] + col);
+            split2(v.x, v.y, qa_hi[s][part], qa_lo[s][part]);
+        }
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
+
+    for (int kt = k_begin; kt < k_end; kt += ATT_T) {
+        cp_async_wait<0>();
+        __syncthreads();   // f32 tile landed; the previous tile's bf16 buffers are free
+        // split the tile once: K -> Khi/Klo [key][d], V -> Vhi/Vlo [d][key], positions
+        for (int idx = tid; idx < ATT_T * (HD / 2); idx += 32 * W) {
+            const int j = idx / (HD / 2), d = 2 * (idx % (HD / 2));
+            const float2 kv2 = *reinterpret_cast<const float2*>(Kf + j * FS + d);
+            unsigned hi, lo;
+            split2(kv2.x, kv2.y, hi, lo);
+            *reinterpret_cast<unsigned*>(Khi + j * BS + d) = hi;
+            *reinterpret_cast<unsigned*>(Klo + j * BS + d) = lo;
+        }
+        for (int idx = tid; idx < HD * (ATT_T / 2); idx += 32 * W) {
+            const int d = idx % HD, j = 2 * (idx / HD);
+            unsigned hi, lo;
+            split2(Vf[j * FS + d], Vf[(j + 1) * FS + d], hi, lo);
+            *reinterpret_cast<unsigned*>(Vhi + d * VS + j) = hi;
+            *reinterpret_cast<unsigned*>(Vlo + d * VS + j) = lo;
+        }
+        for (int j = tid; j < ATT_T; j += 32 * W) kpos_s[j] = kpos_f[j];
+        __syncthreads();   // bf16 tile ready; the f32 buffers may take the next tile
+        if (kt + ATT_T < k_end) load_tile(kt + ATT_T);
+
+        // S = Q K^T: NS n-tiles of 8 keys
+        float sacc[NS][4];
+#pragma unroll
+        for (int j = 0; j < NS; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                const int off = (8 * j + g) * BS + 16 * s + 2 * t;
+                const unsigned bh0 = *reinterpret_cast<const unsigned*>(Khi + off);
+                const unsigned bh1 = *reinterpret_cast<const unsigned*>(Khi + off + 8);
+                const unsigned bl0 = *reinterpret_cast<const unsigned*>(Klo + off);
+                const unsigned bl1 = *reinterpret_cast<const unsigned*>(Klo + off + 8);
+                mma_bf16(sacc[j], qa_hi[s], bh0, bh1);
+                mma_bf16(sacc[j], qa_hi[s], bl0, bl1);
+                mma_bf16(sacc[j], qa_lo[s], bh0, bh1);
+            }
+        }
+        // mask + online softmax; c0,c1 -> row g, keys 8j+2t, +1; c2,c3 -> row g+8
+        float mt[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1, key = 8 * j + 2 * t + (e & 1);
+                bool ok = kt + key < k_end && row_ok[h];
+                if (ok && window > 0) ok = abs(qp[h] - kpos_s[key]) <= window - 1;
+                sacc[j][e] = ok ? sacc[j][e] * scale : neg_inf();
+                mt[h] = fmaxf(mt[h], sacc[j][e]);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+            const float m_new = fmaxf(m_run[h], mt[h]);
+            alpha[h] = m_new == neg_inf() ? 1.f : expf(m_run[h] - m_new);
+            m_run[h] = m_new;
+        }
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1;
+                sacc[j][e] = m_run[h] == neg_inf() ? 0.f : expf(sacc[j][e] - m_run[h]);
+                rs[h] += sacc[j][e];
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + rs[h];  // per-thread part
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+            o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+        }
+        // O += P V: k-steps of 16 keys; P's A fragment = S accumulators of n-tiles 2s, 2s+1
+#pragma unroll
+        for (int s = 0; s < ATT_T / 16; ++s) {
+            unsigned pa_hi[4], pa_lo[4];
+            split2(sacc[2 * s][0], sacc[2 * s][1], pa_hi[0], pa_lo[0]);
+            split2(sacc[2 * s][2], sacc[2 * s][3], pa_hi[1], pa_lo[1]);
+            split2(sacc[2 * s + 1][0], sacc[2 * s + 1][1], pa_hi[2], pa_lo[2]);
+            split2(sacc[2 * s + 1][2], sacc[2 * s + 1][3], pa_hi[3], pa_lo[3]);
+#pragma unroll
+            for (int n = 0; n < ND; ++n) {
+                const int off = (8 * n + g) * VS + 16 * s + 2 * t;
+                const unsigned bh0 = *reinterpret_cast<const unsigned*>(Vhi + off);
+                const unsigned bh1 = *reinterpret_cast<const unsigned*>(Vhi + off + 8);
+                const unsigned bl0 = *reinterpret_cast<const unsigned*>(Vlo + off);
+                const unsigned bl1 = *reinterpret_cast<const unsigned*>(Vlo + off + 8);
+                mma_bf16(o[n], pa_hi, bh0, bh1);
+                mma_bf16(o[n], pa_hi, bl0, bl1);
+                mma_bf16(o[n], pa_lo, bh0, bh1);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // row sums across the 4 lanes of a row; partials out like attn_partial
+    const long long split_rows = (long long)n_head * n_q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_run[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int r = 16 * warp + g + 8 * h;
+        if (r >= R) continue;
+        const int gq = r / n_q, i = r % n_q;
+        const long long row = (long long)split * split_rows + (long long)(kvh * G + gq) * n_q + i;
+#pragma unroll
+        for (int n = 0; n < ND; ++n)
+            *reinterpret_cast<float2*>(o_part + row * HD + 8 * n + 2 * t) =
+                make_float2(o[n][2 * h], o[n][2 * h + 1]);
+        if (t == 0) {
+            ml_part[row * 2] = m_run[h];
+            ml_part[row * 2 + 1] = l;
+        }
+    }
+}
+
+#define ATT_TC_ENTRY(HD, W)                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * W) attn_partial_tc_h##HD##_w##W(         \
+        const float* q, long long ldq, const float* K, const float* V, long long ldkv,         \
+        const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base,         \
+        int n_splits, int n_head, int n_kv, int hd, int window, float scale, int stages,       \
+        float* o_part, float* ml_part) {                                                       \
+        attn_partial_tc_impl<HD, W>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base,   \
+                                    n_splits, n_head, n_kv, window, scale, o_part, ml_part);    \
+    }
+#define ATT_TC_ENTRIES(HD) ATT_TC_ENTRY(HD, 1) ATT_TC_ENTRY(HD, 2) ATT_TC_ENTRY(HD, 4) ATT_TC_ENTRY(HD, 8)
+ATT_TC_ENTRIES(16)
+ATT_TC_ENTRIES(32)
+ATT_TC_ENTRIES(64)
+ATT_TC_ENTRIES(128)
+
 // One block per (head, query), hd threads (hd <= 1024): out [n_q, n_head*hd] row stride ldo.
 extern "C" __global__ void attn_combine(const float* __restrict__ o_part,
                                         const float* __restrict__ ml_part, float* __restrict__ out,

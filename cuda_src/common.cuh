@@ -47,3 +47,33 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     float t = lane < nwarps ? scratch[lane] : 0.f;
     return warp_sum(t);
 }
+
+// D = A(16x16, row) . B(16x8, col) + D on the tensor cores, bf16 inputs, f32 accumulation.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// f32 -> bf16 hi + bf16 lo (hi = bf16(x), lo = bf16(x - hi)): two MMAs with the halves keep
+// about 16 mantissa bits of x, near-f32 products from bf16 tensor cores.
+__device__ __forceinline__ void split2(float a, float b, unsigned& hi, unsigned& lo) {
+    hi = pack_bf16x2(a, b);
+    lo = pack_bf16x2(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
+}
+
+// 4 consecutive floats -> (hi pair, hi pair) and (lo pair, lo pair).
+__device__ __forceinline__ void split4(float4 v, unsigned (&hi)[2], unsigned (&lo)[2]) {
+    hi[0] = pack_bf16x2(v.x, v.y);
+    hi[1] = pack_bf16x2(v.z, v.w);
+    const float r0 = v.x - __uint_as_float(hi[0] << 16);
+    const float r1 = v.y - __uint_as_float(hi[0] & 0xffff0000u);
+    const float r2 = v.z - __uint_as_float(hi[1] << 16);
+    const float r3 = v.w - __uint_as_float(hi[1] & 0xffff0000u);
+    lo[0] = pack_bf16x2(r0, r1);
+    lo[1] = pack_bf16x2(r2, r3);
+}
+

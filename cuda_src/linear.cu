@@ -33,15 +33,6 @@
 #define LIN_NWARPS 4
 #define LIN_UNROLL 2
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
-                                         unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // int8 pair -> bf16x2 (exact: |q| <= 128).
 __device__ __forceinline__ unsigned i8x2_to_bf16x2(int q0, int q1) {
     return pack_bf16x2((float)q0, (float)q1);
@@ -94,18 +85,6 @@ struct ChunkLoad {
         return FMT == FMT_Q4_0 ? 16 + 4 * t : 8 * t + 4;
     }
 };
-
-// Activation fragment: 4 consecutive floats -> (hi pair, hi pair) and (lo pair, lo pair).
-__device__ __forceinline__ void split4(float4 v, unsigned (&hi)[2], unsigned (&lo)[2]) {
-    hi[0] = pack_bf16x2(v.x, v.y);
-    hi[1] = pack_bf16x2(v.z, v.w);
-    const float r0 = v.x - __uint_as_float(hi[0] << 16);
-    const float r1 = v.y - __uint_as_float(hi[0] & 0xffff0000u);
-    const float r2 = v.z - __uint_as_float(hi[1] << 16);
-    const float r3 = v.w - __uint_as_float(hi[1] & 0xffff0000u);
-    lo[0] = pack_bf16x2(r0, r1);
-    lo[1] = pack_bf16x2(r2, r3);
-}
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 

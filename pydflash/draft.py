@@ -321,7 +321,8 @@ class DflashDraft:
                            kv.v[li], length, pos, layer)
             e.attention_into(ws.q, kv.k[li], kv.v[li], pos, kv.pos, b, b, c.n_head, c.n_kv,
                              c.head_dim, layer.window or 0, ws.attn, ws.att,
-                             n_keys_base=length, max_keys=kv.cap + b)
+                             n_keys_base=length, max_keys=kv.cap + b,
+                             exact=self.precision == "f32")
             # x += o(attn); xn = post_attention_layernorm(x)  (split-K partials added here)
             e.linear(layer.o, ws.attn, b, ws.x_part, "store", None, ws.ks_o, x_stride)
             e.reduce_rms_norm(ws.x_part, ws.ks_o, x_stride, ws.x, ws.x,

@@ -322,10 +322,12 @@ class Engine:
 
     @on_stream
     def attention(self, q: Any, k: Any, v: Any, q_pos: Any, k_pos: Any, n_head: int,
-                  n_kv: int, head_dim: int, *, window: int | None = None,
+                  n_kv: int, head_dim: int, *, window: int | None = None, exact: bool = True,
                   out: Any = None) -> "cp.ndarray":
         """Non-causal GQA attention: q [m, n_head*hd], k/v [n, n_kv*hd] -> [m, n_head*hd].
-        Query at position p sees key j iff window is None or |p - pos_j| <= window - 1."""
+        Query at position p sees key j iff window is None or |p - pos_j| <= window - 1.
+        exact: f32 FFMA throughout; False: tensor cores with bf16 hi/lo splits (~1e-5
+        relative, several times faster; head_dim <= 128)."""
         _check_attention_geometry(n_head, n_kv, head_dim)
         qa = self.as_device_array(q, "q")
         m = qa.size // (n_head * head_dim)
@@ -344,14 +346,14 @@ class Engine:
         scratch = AttentionScratch(self, n_head, n_kv, m, head_dim,
                                    max_splits=min(64, (n + ATT_T - 1) // ATT_T))
         self.attention_into(qa, ka, va, qp, kp, m, n, n_head, n_kv, head_dim, window or 0, out,
-                            scratch)
+                            scratch, exact=exact)
         return out
 
     def attention_into(self, q: "cp.ndarray", k: "cp.ndarray", v: "cp.ndarray",
                        q_pos: "cp.ndarray", k_pos: "cp.ndarray", m: int, n_keys: int,
                        n_head: int, n_kv: int, hd: int, window: int, out: "cp.ndarray",
                        scratch: "AttentionScratch", n_keys_base: "cp.ndarray | None" = None,
-                       max_keys: int | None = None) -> None:
+                       max_keys: int | None = None, exact: bool = True) -> None:
         """Unchecked split-KV attention (partial + combine launches), in query chunks of at
         most scratch.n_q rows (the kernel holds R = group * rows <= 128 query rows).
         With n_keys_base (a device int) the key count is n_keys + *n_keys_base, read on the
@@ -360,14 +362,18 @@ class Engine:
             rows = min(scratch.n_q, m - r0)
             self._attention_chunk(q[r0:], k, v, q_pos[r0:], k_pos, rows, n_keys, n_head, n_kv,
                                   hd, window, out[r0:], scratch, n_keys_base,
-                                  max_keys or n_keys)
+                                  max_keys or n_keys, exact or hd > 128)
 
-    def attention_splits(self, n_kv: int, rows: int, hd: int) -> tuple[int, int, int]:
+    def attention_splits(self, n_kv: int, rows: int, hd: int,
+                         exact: bool = True) -> tuple[int, int, int]:
         """(target splits, stages, shared memory bytes) of one attn_partial launch: enough
         blocks for every SM at the occupancy its shared memory allows."""
-        smem, stages = _attention_smem(rows, hd, 2), 2
-        if smem > self.smem_per_block:
-            smem, stages = _attention_smem(rows, hd, 1), 1
+        if not exact:
+            smem, stages = _attention_tc_smem(hd), 1
+        else:
+            smem, stages = _attention_smem(rows, hd, 2), 2
+            if smem > self.smem_per_block:
+                smem, stages = _attention_smem(rows, hd, 1), 1
         per_sm = max(1, self.smem_per_block // (smem + 1024))
         return max(1, self.sm_count * per_sm // n_kv), stages, smem
 
@@ -375,19 +381,21 @@ class Engine:
                          q_pos: "cp.ndarray", k_pos: "cp.ndarray", m: int, n_keys: int,
                          n_head: int, n_kv: int, hd: int, window: int, out: "cp.ndarray",
                          scratch: "AttentionScratch", n_keys_base: "cp.ndarray | None",
-                         max_keys: int) -> None:
+                         max_keys: int, exact: bool) -> None:
         group = n_head // n_kv
         rpt = 1 << max(0, math.ceil(math.log2(max(1, (group * m + 15) // 16))))
-        orpt = max(1, 16 * rpt * hd // 1024)
-        target, stages, smem = self.attention_splits(n_kv, 16 * rpt, hd)
+        target, stages, smem = self.attention_splits(n_kv, 16 * rpt, hd, exact)
         target = min(target, scratch.max_splits)
         grid_splits = max(1, min(target, (max_keys + ATT_T - 1) // ATT_T))
-        name = f"attn_partial_r{rpt}_o{orpt}"
+        if exact:
+            name, threads = f"attn_partial_r{rpt}_o{max(1, 16 * rpt * hd // 1024)}", ATT_THREADS
+        else:   # one warp per 16 query rows
+            name, threads = f"attn_partial_tc_h{hd}_w{rpt}", 32 * rpt
         fn = self.kernel("attention", name)
         if smem > 48 * 1024 and self._smem_set.get(name, 0) < smem:
             fn.max_dynamic_shared_size_bytes = smem
             self._smem_set[name] = smem
-        fn((n_kv, grid_splits), (ATT_THREADS,),
+        fn((n_kv, grid_splits), (threads,),
            (q, np.int64(q.strides[0] // 4), k, v, np.int64(k.strides[0] // 4), q_pos, k_pos,
             np.int32(m), np.int32(n_keys), n_keys_base if n_keys_base is not None else _null(),
             np.int32(target), np.int32(n_head), np.int32(n_kv), np.int32(hd),
@@ -528,6 +536,12 @@ def _attention_smem(rows: int, hd: int, stages: int) -> int:
     """Dynamic shared memory of attn_partial for `rows` padded query rows (attention.cu)."""
     hs = hd + 4
     return 4 * (rows * hs + 2 * stages * ATT_T * hs + ATT_T * rows + rows + stages * ATT_T)
+
+
+def _attention_tc_smem(hd: int) -> int:
+    """Dynamic shared memory of attn_partial_tc (attention.cu): f32 K/V tiles, their bf16
+    hi/lo halves (K row-major, V transposed) and two position rows."""
+    return 4 * 2 * ATT_T * (hd + 4) + 2 * (2 * ATT_T * (hd + 8) + 2 * hd * (ATT_T + 8)) + 8 * ATT_T
 
 
 def attention_rows_per_launch(n_head: int, n_kv: int, hd: int, smem_limit: int) -> int:

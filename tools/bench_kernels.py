@@ -89,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         pos = cp.arange(n_keys, dtype=np.int32)
         att = AttentionScratch(e, cfg.n_head, cfg.n_kv, b, cfg.head_dim)
         out = cp.empty((b, cfg.q_dim), np.float32)
-        ms = timed_inner(cp, e.stream, lambda: e.attention_into(
-            q, k, v, pos[args.ctx:], pos, b, n_keys, cfg.n_head, cfg.n_kv, cfg.head_dim, 0, out,
-            att), args.repeats)
-        row(f"attention {n_keys} keys", ms * 1e3, 2 * k.nbytes)
-        ms = timed_inner(cp, e.stream, lambda: e.attention_into(
-            q, k, v, pos[args.ctx:], pos, b, n_keys, cfg.n_head, cfg.n_kv, cfg.head_dim, 1024,
-            out, att), args.repeats)
-        row(f"attention {n_keys} keys, window 1024", ms * 1e3, 2 * k.nbytes)
+        for exact in (True, False):
+            for window in (0, 1024):
+                ms = timed_inner(cp, e.stream, lambda: e.attention_into(
+                    q, k, v, pos[args.ctx:], pos, b, n_keys, cfg.n_head, cfg.n_kv, cfg.head_dim,
+                    window, out, att, exact=exact), args.repeats)
+                kind = "f32 FFMA" if exact else "tensor core"
+                row(f"attention {kind} {n_keys} keys" + (f" w{window}" if window else ""),
+                    ms * 1e3, 2 * k.nbytes)
 
         x = cp.asarray(rng.standard_normal((b, h), dtype=np.float32))
         w = cp.ones(h, np.float32)
