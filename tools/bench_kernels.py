@@ -3,8 +3,9 @@
     python tools/bench_kernels.py [--preset qwen3-8b-b16] [--precision bf16] [--ctx 4096]
 
 Rows: every linear of a layer at M = block_size tokens, attention over ctx + block keys, the
-norm and post-projection kernels, and one forward_round both as GPU time (CUDA events) and as
-host issue time (how long Python takes to queue it), to tell launch-bound from GPU-bound.
+fused residual+norm kernel (each timed as GPU time of graph-captured back-to-back launches), and
+one forward_round both as GPU time (CUDA events) and as host issue time (how long Python takes
+to queue it), to tell launch-bound from GPU-bound.
 """
 from __future__ import annotations
 
@@ -19,16 +20,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.bench_round import copy_bandwidth, timed  # noqa: E402
 
-INNER = 20   # launches between two events: per-launch host gaps stay out of the kernel time
+INNER = 20   # launches captured in one CUDA graph: host launch costs stay out of the time
 
 
 def timed_inner(cp, stream, fn, repeats: int) -> float:
-    """Median milliseconds of one fn() when INNER of them run back to back."""
-    def many():
+    """Median GPU milliseconds of one fn(): INNER calls captured in a CUDA graph, replayed."""
+    fn()                                   # compile, set attributes, warm up
+    stream.begin_capture()
+    try:
         for _ in range(INNER):
             fn()
-    return timed(cp, stream, many, max(5, repeats // 5)) / INNER
-from tools.make_checkpoint import PRESETS  # noqa: E402
+    finally:
+        graph = stream.end_capture()
+    return timed(cp, stream, lambda: graph.launch(stream), max(5, repeats // 5)) / INNER
 
 
 def main(argv: list[str] | None = None) -> int:
