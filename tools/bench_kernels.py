@@ -19,6 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.bench_round import copy_bandwidth, timed  # noqa: E402
+from tools.make_checkpoint import PRESETS  # noqa: E402
 
 INNER = 20   # launches captured in one CUDA graph: host launch costs stay out of the time
 
