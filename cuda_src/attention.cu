@@ -267,6 +267,8 @@ ATT_ENTRY(8, 1) ATT_ENTRY(8, 2) ATT_ENTRY(8, 4) ATT_ENTRY(8, 8) ATT_ENTRY(8, 16)
 // row-major, V transposed) and the next tile's copies start while this one is computed.
 // S = Q K^T and O += P V take three MMAs per product (hi.hi + hi.lo + lo.hi): ~16-bit inputs,
 // f32 accumulation. The softmax runs on the S accumulators, whose layout is the A layout of P.
+// Tiles of ATT_TC_T = 32 keys keep the block at ~72 KB of shared memory: three blocks per SM.
+#define ATT_TC_T 32
 template <int HD, int W>
 __device__ __forceinline__ void attn_partial_tc_impl(
     const float* __restrict__ q, long long ldq, const float* __restrict__ K,
@@ -274,26 +276,27 @@ __device__ __forceinline__ void attn_partial_tc_impl(
     const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
     int n_head, int n_kv, int window, float scale, float* __restrict__ o_part,
     float* __restrict__ ml_part) {
+    constexpr int TT = ATT_TC_T;                // keys per tile
     constexpr int KS = HD / 16;                 // k-steps of S over the head dim
-    constexpr int NS = ATT_T / 8;               // n-tiles of S over the keys
+    constexpr int NS = TT / 8;               // n-tiles of S over the keys
     constexpr int ND = HD / 8;                  // n-tiles of O over the head dim
     constexpr int FS = HD + 4;                  // f32 tile row stride (floats)
     constexpr int BS = HD + 8;                  // bf16 K row stride (elements)
-    constexpr int VS = ATT_T + 8;               // bf16 V^T row stride (elements)
+    constexpr int VS = TT + 8;               // bf16 V^T row stride (elements)
     extern __shared__ float4 smem4[];
-    float* Kf = reinterpret_cast<float*>(smem4);            // [ATT_T][FS]
-    float* Vf = Kf + ATT_T * FS;                            // [ATT_T][FS]
-    unsigned short* Khi = reinterpret_cast<unsigned short*>(Vf + ATT_T * FS);  // [ATT_T][BS]
-    unsigned short* Klo = Khi + ATT_T * BS;
-    unsigned short* Vhi = Klo + ATT_T * BS;                 // [HD][VS]
+    float* Kf = reinterpret_cast<float*>(smem4);            // [TT][FS]
+    float* Vf = Kf + TT * FS;                            // [TT][FS]
+    unsigned short* Khi = reinterpret_cast<unsigned short*>(Vf + TT * FS);  // [TT][BS]
+    unsigned short* Klo = Khi + TT * BS;
+    unsigned short* Vhi = Klo + TT * BS;                 // [HD][VS]
     unsigned short* Vlo = Vhi + HD * VS;
-    int* kpos_f = reinterpret_cast<int*>(Vlo + HD * VS);    // [ATT_T] (arriving)
-    int* kpos_s = kpos_f + ATT_T;                           // [ATT_T] (current)
+    int* kpos_f = reinterpret_cast<int*>(Vlo + HD * VS);    // [TT] (arriving)
+    int* kpos_s = kpos_f + TT;                           // [TT] (current)
 
     if (n_keys_base != nullptr) n_keys += *n_keys_base;
-    const int tiles = (n_keys + ATT_T - 1) / ATT_T;
+    const int tiles = (n_keys + TT - 1) / TT;
     const int used = min(n_splits, tiles);
-    const int keys_per_split = (tiles + used - 1) / max(used, 1) * ATT_T;
+    const int keys_per_split = (tiles + used - 1) / max(used, 1) * TT;
     const int G = n_head / n_kv, R = G * n_q;
     const int kvh = blockIdx.x, split = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -302,7 +305,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
     const int k_end = min(n_keys, k_begin + keys_per_split);
 
     auto load_tile = [&](int kt) {
-        for (int idx = tid; idx < ATT_T * (HD / 4); idx += 32 * W) {
+        for (int idx = tid; idx < TT * (HD / 4); idx += 32 * W) {
             const int j = idx / (HD / 4), c = idx % (HD / 4);
             const int key = kt + j;
             const bool ok = key < k_end;
@@ -310,7 +313,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
             cp_async16(Kf + j * FS + 4 * c, K + off, ok);
             cp_async16(Vf + j * FS + 4 * c, V + off, ok);
         }
-        for (int j = tid; j < ATT_T; j += 32 * W) {
+        for (int j = tid; j < TT; j += 32 * W) {
             const bool ok = kt + j < k_end;
             cp_async4(kpos_f + j, kpos + (ok ? kt + j : k_begin), ok);
         }
@@ -346,11 +349,11 @@ __device__ __forceinline__ void attn_partial_tc_impl(
     for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
 
-    for (int kt = k_begin; kt < k_end; kt += ATT_T) {
+    for (int kt = k_begin; kt < k_end; kt += TT) {
         cp_async_wait<0>();
         __syncthreads();   // f32 tile landed; the previous tile's bf16 buffers are free
         // split the tile once: K -> Khi/Klo [key][d], V -> Vhi/Vlo [d][key], positions
-        for (int idx = tid; idx < ATT_T * (HD / 2); idx += 32 * W) {
+        for (int idx = tid; idx < TT * (HD / 2); idx += 32 * W) {
             const int j = idx / (HD / 2), d = 2 * (idx % (HD / 2));
             const float2 kv2 = *reinterpret_cast<const float2*>(Kf + j * FS + d);
             unsigned hi, lo;
@@ -358,16 +361,16 @@ __device__ __forceinline__ void attn_partial_tc_impl(
             *reinterpret_cast<unsigned*>(Khi + j * BS + d) = hi;
             *reinterpret_cast<unsigned*>(Klo + j * BS + d) = lo;
         }
-        for (int idx = tid; idx < HD * (ATT_T / 2); idx += 32 * W) {
+        for (int idx = tid; idx < HD * (TT / 2); idx += 32 * W) {
             const int d = idx % HD, j = 2 * (idx / HD);
             unsigned hi, lo;
             split2(Vf[j * FS + d], Vf[(j + 1) * FS + d], hi, lo);
             *reinterpret_cast<unsigned*>(Vhi + d * VS + j) = hi;
             *reinterpret_cast<unsigned*>(Vlo + d * VS + j) = lo;
         }
-        for (int j = tid; j < ATT_T; j += 32 * W) kpos_s[j] = kpos_f[j];
+        for (int j = tid; j < TT; j += 32 * W) kpos_s[j] = kpos_f[j];
         __syncthreads();   // bf16 tile ready; the f32 buffers may take the next tile
-        if (kt + ATT_T < k_end) load_tile(kt + ATT_T);
+        if (kt + TT < k_end) load_tile(kt + TT);
 
         // S = Q K^T: NS n-tiles of 8 keys
         float sacc[NS][4];
@@ -428,7 +431,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
         }
         // O += P V: k-steps of 16 keys; P's A fragment = S accumulators of n-tiles 2s, 2s+1
 #pragma unroll
-        for (int s = 0; s < ATT_T / 16; ++s) {
+        for (int s = 0; s < TT / 16; ++s) {
             unsigned pa_hi[4], pa_lo[4];
             split2(sacc[2 * s][0], sacc[2 * s][1], pa_hi[0], pa_lo[0]);
             split2(sacc[2 * s][2], sacc[2 * s][3], pa_hi[1], pa_lo[1]);

@@ -27,7 +27,8 @@ LINEAR_ROWS_PER_BLOCK = 32
 LINEAR_CHUNKS_PER_PASS = 8    # LIN_NWARPS * LIN_UNROLL 32-chunks of K per block pass
 MAX_K_SPLITS = 16
 F32_WARPS_PER_BLOCK = 8
-ATT_THREADS, ATT_T = 256, 64  # attention.cu
+ATT_THREADS, ATT_T, ATT_TC_T = 256, 64, 32  # attention.cu
+ATT_MAX_SPLITS = 32   # more splits cost more in partials than they gain in parallelism
 EPILOGUES = {"store": "store", "add": "add", "silu_mul": "silu_mul"}
 
 
@@ -344,7 +345,7 @@ class Engine:
         if n == 0:
             raise ShapeError("k: attention needs at least one key")
         scratch = AttentionScratch(self, n_head, n_kv, m, head_dim,
-                                   max_splits=min(64, (n + ATT_T - 1) // ATT_T))
+                                   max_splits=min(ATT_MAX_SPLITS, (n + ATT_TC_T - 1) // ATT_TC_T))
         self.attention_into(qa, ka, va, qp, kp, m, n, n_head, n_kv, head_dim, window or 0, out,
                             scratch, exact=exact)
         return out
@@ -386,7 +387,8 @@ class Engine:
         rpt = 1 << max(0, math.ceil(math.log2(max(1, (group * m + 15) // 16))))
         target, stages, smem = self.attention_splits(n_kv, 16 * rpt, hd, exact)
         target = min(target, scratch.max_splits)
-        grid_splits = max(1, min(target, (max_keys + ATT_T - 1) // ATT_T))
+        tile = ATT_T if exact else ATT_TC_T
+        grid_splits = max(1, min(target, (max_keys + tile - 1) // tile))
         if exact:
             name, threads = f"attn_partial_r{rpt}_o{max(1, 16 * rpt * hd // 1024)}", ATT_THREADS
         else:   # one warp per 16 query rows
@@ -541,7 +543,8 @@ def _attention_smem(rows: int, hd: int, stages: int) -> int:
 def _attention_tc_smem(hd: int) -> int:
     """Dynamic shared memory of attn_partial_tc (attention.cu): f32 K/V tiles, their bf16
     hi/lo halves (K row-major, V transposed) and two position rows."""
-    return 4 * 2 * ATT_T * (hd + 4) + 2 * (2 * ATT_T * (hd + 8) + 2 * hd * (ATT_T + 8)) + 8 * ATT_T
+    t = ATT_TC_T
+    return 4 * 2 * t * (hd + 4) + 2 * (2 * t * (hd + 8) + 2 * hd * (t + 8)) + 8 * t
 
 
 def attention_rows_per_launch(n_head: int, n_kv: int, hd: int, smem_limit: int) -> int:
@@ -563,7 +566,7 @@ class AttentionScratch:
     by attention_rows_per_launch), sized once: no allocation per call."""
 
     def __init__(self, e: Engine, n_head: int, n_kv: int, n_q: int, head_dim: int,
-                 max_splits: int = 64):
+                 max_splits: int = ATT_MAX_SPLITS):
         self.n_q = max(1, min(n_q, attention_rows_per_launch(n_head, n_kv, head_dim,
                                                              e.smem_per_block)))
         self.max_splits = max_splits
