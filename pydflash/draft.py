@@ -181,15 +181,13 @@ class DflashDraft:
                 cfg.markov_type, (None, None))
             markov = MarkovHead(
                 kind=cfg.markov_type, rank=cfg.markov_rank,
-                w1=GpuTensor.from_bf16_bits(e, e.htod(ckpt.read_bf16_bits(MARKOV_W1)), "bf16"),
+                w1=GpuTensor.from_checkpoint(e, ckpt, MARKOV_W1, "bf16"),
                 w2=weight([MARKOV_W2], "head"),
                 proj=(GpuTensor.from_host(e, ckpt.read_f32(proj_name), "f32")
                       if proj_name else None),
                 bias=vec(bias_name) if bias_name else None)
-        embed = (GpuTensor.from_bf16_bits(e, e.htod(ckpt.read_bf16_bits(EMBED)), "bf16")
-                 if ckpt.has_embed else None)
-        lm_head = (GpuTensor.from_bf16_bits(e, e.htod(ckpt.read_bf16_bits(LM_HEAD)), "bf16")
-                   if ckpt.has_lm_head else None)
+        embed = GpuTensor.from_checkpoint(e, ckpt, EMBED) if ckpt.has_embed else None
+        lm_head = GpuTensor.from_checkpoint(e, ckpt, LM_HEAD) if ckpt.has_lm_head else None
         return cls(e, cfg, layers, weight(["fc.weight"], "attn"), vec("hidden_norm.weight"),
                    vec("norm.weight"), markov, embed, lm_head, precision)
 

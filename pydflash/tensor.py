@@ -22,6 +22,7 @@ from .errors import QuantizationError, ShapeError
 if TYPE_CHECKING:  # pragma: no cover
     import cupy as cp
 
+    from .checkpoint import Checkpoint
     from .engine import Engine
 
 FORMATS = ("f32", "bf16", "q8_0", "q4_0")
@@ -82,6 +83,17 @@ class GpuTensor:
             from .quant import bf16_bits_from_f32
             return cls("bf16", a.shape[0], a.shape[1], e.htod(bf16_bits_from_f32(f32)))
         return e.quantize(e.htod(f32), fmt)
+
+    @classmethod
+    def from_checkpoint(cls, e: "Engine", ckpt: "Checkpoint", name: str,
+                        fmt: str = "bf16") -> "GpuTensor":
+        """A checkpoint tensor (validated by Checkpoint.open) stored on the device as `fmt`."""
+        _check_fmt(fmt)
+        bits = ckpt.read_bf16_bits(name)
+        if bits.ndim != 2:
+            raise ShapeError(f"{name}: a weight must be 2-D, found shape {list(bits.shape)}")
+        _check_in_features(bits.shape, fmt)
+        return cls.from_bf16_bits(e, e.htod(bits), fmt)
 
     @classmethod
     def from_bf16_bits(cls, e: "Engine", bits: "cp.ndarray", fmt: str) -> "GpuTensor":
