@@ -433,6 +433,8 @@ class DflashDraft:
     # -- for tests and tools: the exact weights the GPU multiplies by -----------------------------
     def reference_weights(self) -> dict[str, np.ndarray]:
         """Host float32 copies of every device weight, un-fused, under checkpoint names."""
+        from .tensor import _wait_for_device
+        _wait_for_device()
         c = self.cfg
         w: dict[str, np.ndarray] = {"fc.weight": self.fc.dequantize(),
                                     "hidden_norm.weight": self.hidden_norm.get(),

@@ -132,8 +132,10 @@ class GpuTensor:
 
     # -- back to the host ---------------------------------------------------------------------
     def dequantize(self) -> np.ndarray:
-        """The exact values the kernels multiply by, as a host float32 [N, K] array."""
+        """The exact values the kernels multiply by, as a host float32 [N, K] array (a host
+        utility for tests and tools: it waits for the whole device first)."""
         from .quant import f32_from_bf16_bits
+        _wait_for_device()
         if self.fmt == "f32":
             return self.data.get()
         if self.fmt == "bf16":
@@ -150,10 +152,18 @@ class GpuTensor:
         """The GGML block byte stream (q8_0/q4_0), as `quant.encode_*` would write it."""
         if self.fmt not in ("q8_0", "q4_0"):
             raise QuantizationError(f"ggml_bytes: {self.fmt} is not a block format")
+        _wait_for_device()
         n, k = self.shape
         d = self.scales.get().reshape(n, k // QK, 1).view(np.uint8)          # 2 bytes each
         qs = self.data.get().view(np.uint8).reshape(n, k // QK, -1)
         return np.concatenate([d.reshape(n, k // QK, 2), qs], axis=-1).reshape(-1)
+
+
+def _wait_for_device() -> None:
+    """Kernels that wrote a tensor ran on an Engine's non-blocking stream, which the default
+    stream used by .get() does not wait for: synchronize the device before reading back."""
+    import cupy as cp
+    cp.cuda.runtime.deviceSynchronize()
 
 
 def _check_fmt(fmt: str) -> None:
