@@ -185,7 +185,7 @@ class _Parser:
         if alt is not None and alt.get(key) is not None:
             return True, alt[key]
         if default is self._REQUIRED:
-            where = f" (top level or dflash_config)" if alt is not None else ""
+            where = " (top level or dflash_config)" if alt is not None else ""
             self.problem(key, f"missing{where}")
         return False, None if default is self._REQUIRED else default
 

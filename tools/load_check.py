@@ -44,7 +44,7 @@ def describe(ckpt: Checkpoint) -> None:
     print(f"taps         target_layer_ids {list(c.target_layer_ids)} (n_taps {c.n_taps})")
     print(f"rope         theta {c.rope_theta:g}, scale {c.rope_scale:g}; eps {c.eps:g}")
     sliding = [i for i, s in enumerate(c.layer_sliding) if s]
-    print(f"attention    " + (f"sliding window {c.sliding_window} on layers {sliding}"
+    print("attention    " + (f"sliding window {c.sliding_window} on layers {sliding}"
                                if sliding else "full on every layer"))
     print(f"layout       {c.layout}; mask token {c.mask_token_id}; architectures "
           f"{list(c.architectures)}")
