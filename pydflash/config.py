@@ -17,7 +17,7 @@ from .errors import ConfigError
 BONUS_ANCHOR = "bonus_anchor"
 SAMPLE_FROM_ANCHOR = "sample_from_anchor"
 MARKOV_TYPES = ("vanilla", "gated", "rnn")
-_ROPE_TYPES_IMPLEMENTED = ("default", "linear")
+_ROPE_TYPES_IMPLEMENTED = ("default", "linear", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +35,12 @@ class DflashCfg:
     target_layer_ids: tuple[int, ...]
     sliding_window: int | None = None
     layer_sliding: tuple[bool, ...] = ()
-    # Linear RoPE scaling divides every inverse frequency by this factor (1.0 = none).
+    # RoPE scaling: "default" (none), "linear" (every inverse frequency / rope_scale) or
+    # "llama3" (low frequencies / rope_scale, a smooth ramp between; rope_llama3 holds
+    # (low_freq_factor, high_freq_factor, original_max_position_embeddings)).
     rope_scale: float = 1.0
+    rope_type: str = "default"
+    rope_llama3: tuple[float, float, float] | None = None
     vocab_size: int | None = None
     markov_rank: int = 0
     markov_type: str | None = None
@@ -129,7 +133,7 @@ class DflashCfg:
         mask_token_id = p.int("mask_token_id", min_value=0, alt=nested)
         target_ids = p.int_list("target_layer_ids", alt=nested)
 
-        rope_theta, rope_scale = _parse_rope(p, raw)
+        rope_theta, rope_type, rope_scale, rope_llama3 = _parse_rope(p, raw)
         sliding_window, layer_sliding = _parse_layer_types(p, raw, n_layer)
 
         markov_rank = p.int("markov_rank", default=0, min_value=0)
@@ -157,7 +161,8 @@ class DflashCfg:
                    n_layer=n_layer, eps=eps, rope_theta=rope_theta, block_size=block_size,
                    mask_token_id=mask_token_id, target_layer_ids=tuple(target_ids),
                    sliding_window=sliding_window, layer_sliding=tuple(layer_sliding),
-                   rope_scale=rope_scale, vocab_size=vocab, markov_rank=markov_rank,
+                   rope_scale=rope_scale, rope_type=rope_type, rope_llama3=rope_llama3,
+                   vocab_size=vocab, markov_rank=markov_rank,
                    markov_type=markov_type, confidence_head=confidence,
                    confidence_with_markov=conf_markov and markov_type is not None,
                    layout=layout, architectures=tuple(architectures))
@@ -242,10 +247,12 @@ class _Parser:
         return v
 
 
-def _parse_rope(p: _Parser, raw: dict[str, Any]) -> tuple[float | None, float]:
-    """rope_theta at top level, or inside rope_parameters / rope_scaling; RoPE type checked."""
+def _parse_rope(p: _Parser, raw: dict[str, Any]
+                ) -> tuple[float | None, str, float, tuple[float, float, float] | None]:
+    """rope_theta at top level, or inside rope_parameters / rope_scaling; the RoPE type and
+    its parameters checked (an unimplemented type is an error, never ignored)."""
     theta = p.float("rope_theta", default=None, positive=True)
-    scale = 1.0
+    kind, scale, llama3 = "default", 1.0, None
     for key in ("rope_parameters", "rope_scaling"):
         params = raw.get(key)
         if params is None:
@@ -260,14 +267,24 @@ def _parse_rope(p: _Parser, raw: dict[str, Any]) -> tuple[float | None, float]:
         if rope_type not in _ROPE_TYPES_IMPLEMENTED:
             p.problem(f"{key}.rope_type", f"{rope_type!r} is not implemented "
                       f"(implemented: {', '.join(_ROPE_TYPES_IMPLEMENTED)})")
-        elif rope_type == "linear":
+        elif rope_type in ("linear", "llama3"):
+            kind = rope_type
             factor = p.float("factor", positive=True, src=params)
             scale = factor if factor is not None else 1.0
+            if rope_type == "llama3":
+                low = p.float("low_freq_factor", positive=True, src=params)
+                high = p.float("high_freq_factor", positive=True, src=params)
+                orig = p.float("original_max_position_embeddings", positive=True, src=params)
+                if None not in (low, high, orig):
+                    if high <= low:
+                        p.problem(f"{key}.high_freq_factor",
+                                  f"{high} must exceed low_freq_factor {low}")
+                    llama3 = (low, high, orig)
         if theta is None and params.get("rope_theta") is not None:
             theta = p.float("rope_theta", positive=True, src=params)
     if theta is None:
         p.problem("rope_theta", "missing (looked at top level, rope_parameters, rope_scaling)")
-    return theta, scale
+    return theta, kind, scale, llama3
 
 
 def _parse_layer_types(p: _Parser, raw: dict[str, Any],

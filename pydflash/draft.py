@@ -22,7 +22,7 @@ from .config import DflashCfg
 from .engine import AttentionScratch, Engine, on_stream
 from .errors import ShapeError
 from .kv import DflashKv
-from .reference import rope_inv_freq
+from .reference import cfg_inv_freq
 from .tensor import GpuTensor
 
 PRECISIONS = ("bf16", "q8_0", "q4_0", "mixed", "f32")
@@ -107,7 +107,7 @@ class _Workspace:
         self.ff = e.empty((b, cfg.n_ff))
         self.kv_part = e.empty((self.ks_kv, INGEST_CHUNK, 2 * cfg.kv_dim))
         self.att = AttentionScratch(e, cfg.n_head, cfg.n_kv, b, cfg.head_dim)
-        self.inv_freq = e.htod(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scale))
+        self.inv_freq = e.htod(cfg_inv_freq(cfg))
         self.logits: dict[int, Any] = {}
 
 

@@ -34,6 +34,32 @@ def rope_inv_freq(head_dim: int, theta: float, scale: float = 1.0) -> np.ndarray
     return (inv / np.float32(scale)).astype(np.float32)
 
 
+def llama3_inv_freq(inv_freq: np.ndarray, factor: float, low_freq_factor: float,
+                    high_freq_factor: float, original_max_pos: float) -> np.ndarray:
+    """Llama-3 RoPE scaling of default inverse frequencies (float32, like the HF reference):
+    wavelengths longer than original/low are divided by factor, shorter than original/high
+    kept, and those between interpolated with smooth = (original/wavelen - low)/(high - low)."""
+    f32 = np.float32
+    inv = inv_freq.astype(np.float32)
+    wavelen = f32(2 * np.pi) / inv
+    low_wavelen = f32(original_max_pos / low_freq_factor)
+    high_wavelen = f32(original_max_pos / high_freq_factor)
+    scaled = np.where(wavelen > low_wavelen, inv / f32(factor), inv)
+    smooth = ((f32(original_max_pos) / wavelen - f32(low_freq_factor))
+              / f32(high_freq_factor - low_freq_factor))
+    smoothed = (f32(1) - smooth) * scaled / f32(factor) + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def cfg_inv_freq(cfg: DflashCfg) -> np.ndarray:
+    """The inverse-frequency table of a drafter's RoPE (default, linear or llama3 scaling)."""
+    if cfg.rope_type == "llama3":
+        return llama3_inv_freq(rope_inv_freq(cfg.head_dim, cfg.rope_theta), cfg.rope_scale,
+                               *cfg.rope_llama3)
+    return rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scale)
+
+
 def rope_neox(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE on x [rows, n_heads, hd] at absolute positions pos [rows]."""
     half = x.shape[-1] // 2
@@ -101,7 +127,7 @@ class ReferenceDraft:
                  dtype: type = np.float32) -> None:
         self.cfg, self.dtype = cfg, np.dtype(dtype)
         self.w = {name: np.asarray(a, dtype=self.dtype) for name, a in weights.items()}
-        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scale)
+        self.inv_freq = cfg_inv_freq(cfg)
 
     @classmethod
     def load(cls, ckpt_dir: str | Path, dtype: type = np.float32) -> "ReferenceDraft":

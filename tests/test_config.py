@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 
 from pydflash.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
@@ -198,7 +199,7 @@ def test_rope_linear_without_factor_is_an_error():
 
 
 @pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
-@pytest.mark.parametrize("rope_type", ["yarn", "llama3", "dynamic"])
+@pytest.mark.parametrize("rope_type", ["yarn", "longrope", "dynamic"])
 def test_unimplemented_rope_type_is_an_error(key, rope_type):
     raw = flat()
     raw[key] = {"rope_type": rope_type, "factor": 4.0, "rope_theta": 10000.0}
@@ -583,3 +584,37 @@ def test_cfg_is_frozen():
     cfg = DflashCfg.from_dict(flat())
     with pytest.raises(Exception):
         cfg.hidden = 1  # type: ignore[misc]
+
+
+def test_rope_llama3_parameters_parse():
+    raw = _llama3_config()
+    cfg = DflashCfg.from_dict(raw, source="cfg.json")
+    assert cfg.rope_type == "llama3" and cfg.rope_scale == 8.0
+    assert cfg.rope_llama3 == (1.0, 4.0, 8192.0)
+    del raw["rope_scaling"]["low_freq_factor"]
+    with pytest.raises(ConfigError, match="low_freq_factor"):
+        DflashCfg.from_dict(raw, source="cfg.json")
+
+
+def test_rope_llama3_inverse_frequencies_by_hand():
+    """hd 8, theta 1e4: inv = 1, 0.1, 0.01, 0.001; original 1024, low 1, high 4, factor 8:
+    wavelengths 2pi/inv; < 256 kept, > 1024 divided by 8, between: smooth ramp."""
+    import math
+
+    from pydflash.reference import cfg_inv_freq
+    raw = _llama3_config()
+    raw.update(head_dim=8, rope_theta=10000.0)
+    raw["rope_scaling"].update(original_max_position_embeddings=1024)
+    cfg = DflashCfg.from_dict(raw, source="cfg.json")
+    wl = 2 * math.pi / 0.01
+    smooth = (1024 / wl - 1) / 3
+    expect = [1.0, 0.1, (1 - smooth) * 0.01 / 8 + smooth * 0.01, 0.001 / 8]
+    np.testing.assert_allclose(cfg_inv_freq(cfg), expect, rtol=2e-6)
+
+
+def _llama3_config():
+    return {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 128, "num_hidden_layers": 2, "block_size": 8,
+            "mask_token_id": 3, "target_layer_ids": [1, 2], "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}

@@ -31,7 +31,19 @@ def ckpts(tmp_path_factory):
         "dspark": make_checkpoint(root / "dspark", "tiny-dspark", seed=14),
         "gated": make_checkpoint(root / "gated", "tiny", markov="gated", seed=15),
         "rnn": make_checkpoint(root / "rnn", "tiny", markov="rnn", seed=16),
+        "llama3": _with_llama3_rope(make_checkpoint(root / "llama3", "tiny", seed=17)),
     }
+
+
+def _with_llama3_rope(path):
+    """A tiny checkpoint whose config asks for Llama-3 RoPE scaling (short original context,
+    so the scaling matters at the positions the tests use)."""
+    import json
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
 
 
 def no_confidence(cfg):
@@ -48,7 +60,7 @@ def inputs(cfg, ctx, rng):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("name,ctx", [("tiny", 5), ("medium", 300)])
+@pytest.mark.parametrize("name,ctx", [("tiny", 5), ("medium", 300), ("llama3", 40)])
 def test_forward_paths_match_reference(engine, ckpts, rng, precision, name, ctx):
     from pydflash import DflashDraft, DflashKv
 

@@ -3,18 +3,22 @@
 That is the size of a large drafter MLP matrix; quantizing a checkpoint at load time has to
 stay in the seconds range on one core.
 
-    python -m tools.bench_quant [--rows 12288] [--cols 4096] [--repeat 3]   (from the repo root)
+    python tools/bench_quant.py [--rows 12288] [--cols 4096] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from pydflash.quant import decode_q4_0, decode_q8_0, encode_q4_0, encode_q8_0
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pydflash.quant import decode_q4_0, decode_q8_0, encode_q4_0, encode_q8_0  # noqa: E402
 
 
 def best_of(repeat: int, fn: Callable[[], object]) -> float:

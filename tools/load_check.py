@@ -42,7 +42,8 @@ def describe(ckpt: Checkpoint) -> None:
     print(f"geometry     hidden {c.hidden}, heads {c.n_head}/{c.n_kv} x {c.head_dim}, "
           f"n_ff {c.n_ff}, layers {c.n_layer}, block {c.block_size}, vocab {c.vocab_size}")
     print(f"taps         target_layer_ids {list(c.target_layer_ids)} (n_taps {c.n_taps})")
-    print(f"rope         theta {c.rope_theta:g}, scale {c.rope_scale:g}; eps {c.eps:g}")
+    print(f"rope         theta {c.rope_theta:g}, {c.rope_type} scaling"
+          + (f" factor {c.rope_scale:g}" if c.rope_type != "default" else "") + f"; eps {c.eps:g}")
     sliding = [i for i, s in enumerate(c.layer_sliding) if s]
     print("attention    " + (f"sliding window {c.sliding_window} on layers {sliding}"
                                if sliding else "full on every layer"))
