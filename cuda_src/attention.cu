@@ -37,6 +37,21 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+// c += A.B with both operands split in bf16 halves: hi.hi + hi.lo + lo.hi (lo.lo, ~2^-16 of
+// the product, dropped). B's fragment pairs come from shared memory at off and off + 8 of the
+// hi and lo arrays (k slots 2t, 2t+1 and 2t+8, 2t+9 of column g).
+__device__ __forceinline__ void mma_split3(float (&c)[4], const unsigned (&a_hi)[4],
+                                           const unsigned (&a_lo)[4], const unsigned short* b_hi,
+                                           const unsigned short* b_lo, int off) {
+    const unsigned bh0 = *reinterpret_cast<const unsigned*>(b_hi + off);
+    const unsigned bh1 = *reinterpret_cast<const unsigned*>(b_hi + off + 8);
+    const unsigned bl0 = *reinterpret_cast<const unsigned*>(b_lo + off);
+    const unsigned bl1 = *reinterpret_cast<const unsigned*>(b_lo + off + 8);
+    mma_bf16(c, a_hi, bh0, bh1);
+    mma_bf16(c, a_hi, bl0, bl1);
+    mma_bf16(c, a_lo, bh0, bh1);
+}
+
 template <int RPT, int ORPT>
 __device__ __forceinline__ void attn_partial_impl(
     const float* __restrict__ q, long long ldq, const float* __restrict__ K,
@@ -380,14 +395,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
         for (int s = 0; s < KS; ++s) {
 #pragma unroll
             for (int j = 0; j < NS; ++j) {
-                const int off = (8 * j + g) * BS + 16 * s + 2 * t;
-                const unsigned bh0 = *reinterpret_cast<const unsigned*>(Khi + off);
-                const unsigned bh1 = *reinterpret_cast<const unsigned*>(Khi + off + 8);
-                const unsigned bl0 = *reinterpret_cast<const unsigned*>(Klo + off);
-                const unsigned bl1 = *reinterpret_cast<const unsigned*>(Klo + off + 8);
-                mma_bf16(sacc[j], qa_hi[s], bh0, bh1);
-                mma_bf16(sacc[j], qa_hi[s], bl0, bl1);
-                mma_bf16(sacc[j], qa_lo[s], bh0, bh1);
+                mma_split3(sacc[j], qa_hi[s], qa_lo[s], Khi, Klo, (8 * j + g) * BS + 16 * s + 2 * t);
             }
         }
         // mask + online softmax; c0,c1 -> row g, keys 8j+2t, +1; c2,c3 -> row g+8
@@ -439,14 +447,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
             split2(sacc[2 * s + 1][2], sacc[2 * s + 1][3], pa_hi[3], pa_lo[3]);
 #pragma unroll
             for (int n = 0; n < ND; ++n) {
-                const int off = (8 * n + g) * VS + 16 * s + 2 * t;
-                const unsigned bh0 = *reinterpret_cast<const unsigned*>(Vhi + off);
-                const unsigned bh1 = *reinterpret_cast<const unsigned*>(Vhi + off + 8);
-                const unsigned bl0 = *reinterpret_cast<const unsigned*>(Vlo + off);
-                const unsigned bl1 = *reinterpret_cast<const unsigned*>(Vlo + off + 8);
-                mma_bf16(o[n], pa_hi, bh0, bh1);
-                mma_bf16(o[n], pa_hi, bl0, bl1);
-                mma_bf16(o[n], pa_lo, bh0, bh1);
+                mma_split3(o[n], pa_hi, pa_lo, Vhi, Vlo, (8 * n + g) * VS + 16 * s + 2 * t);
             }
         }
     }

@@ -92,7 +92,8 @@ class _Workspace:
     """Device buffers for block rows and ingest chunks, allocated once per drafter. The split-K
     factors are fixed per weight, so the partial-sum buffers are sized here too."""
 
-    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer) -> None:
+    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer,
+                 markov: MarkovHead | None) -> None:
         b = cfg.block_size
         self.ks_qkv, self.ks_kv = e.k_splits(layer.qkv), e.k_splits(layer.kv)
         self.ks_o, self.ks_down = e.k_splits(layer.o), e.k_splits(layer.down)
@@ -109,6 +110,12 @@ class _Workspace:
         self.att = AttentionScratch(e, cfg.n_head, cfg.n_kv, b, cfg.head_dim)
         self.inv_freq = e.htod(cfg_inv_freq(cfg))
         self.logits: dict[int, Any] = {}
+        if markov is not None:   # the chain's per-step input, projection and bias input
+            r = markov.rank
+            width = {"vanilla": r, "gated": cfg.hidden + r, "rnn": 2 * r + cfg.hidden}
+            self.markov_in = e.empty((1, width[markov.kind]))
+            self.markov_proj = e.empty((1, 3 * r))
+            self.markov_u = e.empty((1, r))
 
 
 class DflashDraft:
@@ -120,7 +127,7 @@ class DflashDraft:
         self.hidden_norm, self.norm, self.markov = hidden_norm, norm, markov
         self.embed, self.lm_head, self.precision = embed, lm_head, precision
         self.device = e.ordinal
-        self._ws = _Workspace(e, cfg, layers[0])
+        self._ws = _Workspace(e, cfg, layers[0], markov)
         # forward_round replays one captured CUDA graph per DflashKv (see forward_round)
         self.cuda_graphs = cuda_graphs
         self._graphs: "weakref.WeakKeyDictionary[DflashKv, Any]" = weakref.WeakKeyDictionary()
@@ -140,12 +147,11 @@ class DflashDraft:
         if not isinstance(e, Engine):
             raise ShapeError(f"e: expected an Engine, found {type(e).__name__}")
         with e.device, e.stream:
-            draft = cls._load(e, ckpt, precision)
-        draft.cuda_graphs = cuda_graphs
-        return draft
+            return cls._load(e, ckpt, precision, cuda_graphs)
 
     @classmethod
-    def _load(cls, e: Engine, ckpt: Checkpoint, precision: str) -> "DflashDraft":
+    def _load(cls, e: Engine, ckpt: Checkpoint, precision: str,
+              cuda_graphs: bool) -> "DflashDraft":
         cfg = ckpt.cfg
 
         def weight(names: Sequence[str], role: str, interleave: bool = False) -> GpuTensor:
@@ -189,7 +195,7 @@ class DflashDraft:
         embed = GpuTensor.from_checkpoint(e, ckpt, EMBED) if ckpt.has_embed else None
         lm_head = GpuTensor.from_checkpoint(e, ckpt, LM_HEAD) if ckpt.has_lm_head else None
         return cls(e, cfg, layers, weight(["fc.weight"], "attn"), vec("hidden_norm.weight"),
-                   vec("norm.weight"), markov, embed, lm_head, precision)
+                   vec("norm.weight"), markov, embed, lm_head, precision, cuda_graphs)
 
     @property
     def weight_bytes(self) -> int:
@@ -400,14 +406,8 @@ class DflashDraft:
     def _markov_step(self, e: Engine, h_row: Any, prev: Any, logits_row: Any,
                      first: bool) -> None:
         """logits_row += the Markov bias of the token in `prev` (device), for hidden row h."""
-        mk, c = self.markov, self.cfg
-        ws = self._ws
+        mk, c, ws = self.markov, self.cfg, self._ws
         r = mk.rank
-        if not hasattr(ws, "markov_in"):
-            width = {"vanilla": r, "gated": c.hidden + r, "rnn": 2 * r + c.hidden}[mk.kind]
-            ws.markov_in = e.empty((1, width))
-            ws.markov_proj = e.empty((1, 3 * r))
-            ws.markov_u = e.empty((1, r))
         zin = ws.markov_in
         if mk.kind == "vanilla":
             e.gather_rows(mk.w1.data, prev, zin, 1)

@@ -29,7 +29,6 @@ MAX_K_SPLITS = 16
 F32_WARPS_PER_BLOCK = 8
 ATT_THREADS, ATT_T, ATT_TC_T = 256, 64, 32  # attention.cu
 ATT_MAX_SPLITS = 32   # more splits cost more in partials than they gain in parallelism
-EPILOGUES = {"store": "store", "add": "add", "silu_mul": "silu_mul"}
 
 
 F = TypeVar("F", bound=Callable[..., Any])
