@@ -6,7 +6,7 @@ GPU classes import lazily so the CPU parts work where CuPy is absent.
 """
 from .checkpoint import Checkpoint
 from .config import DflashCfg
-from .errors import (CapacityError, CheckpointError, ConfigError, DeviceError,
+from .errors import (CapacityError, CheckpointError, ConfigError, DeviceError, GeometryError,
                      KernelCompileError, PydflashError, QuantizationError, ShapeError)
 from .reference import ReferenceDraft, ReferenceKv
 
@@ -24,5 +24,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["Checkpoint", "DflashCfg", "ReferenceDraft", "ReferenceKv", "PydflashError",
-           "ConfigError", "CheckpointError", "QuantizationError", "ShapeError", "CapacityError",
+           "ConfigError", "CheckpointError", "GeometryError", "QuantizationError", "ShapeError", "CapacityError",
            "KernelCompileError", "DeviceError", *_GPU]

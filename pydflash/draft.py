@@ -20,6 +20,7 @@ from .checkpoint import (EMBED, GATE_B, GATE_W, JOINT_B, JOINT_W, LM_HEAD, MARKO
                          Checkpoint)
 from .config import DflashCfg
 from .engine import AttentionScratch, Engine, on_stream
+from .envelope import check_geometry
 from .errors import ShapeError
 from .kv import DflashKv
 from .reference import cfg_inv_freq
@@ -127,6 +128,7 @@ class DflashDraft:
         self.hidden_norm, self.norm, self.markov = hidden_norm, norm, markov
         self.embed, self.lm_head, self.precision = embed, lm_head, precision
         self.device = e.ordinal
+        self.stream_ptr = e.stream.ptr   # the workspace below is ordered on this stream
         self._ws = _Workspace(e, cfg, layers[0], markov)
         # forward_round replays one captured CUDA graph per DflashKv (see forward_round)
         self.cuda_graphs = cuda_graphs
@@ -141,12 +143,11 @@ class DflashDraft:
         if precision not in PRECISIONS:
             raise ShapeError(f"precision must be one of {PRECISIONS}, found {precision!r}")
         ckpt = Checkpoint.open(dir)
-        cfg = ckpt.cfg
-        if cfg.n_ff % 8:
-            raise ShapeError(f"n_ff {cfg.n_ff} must be a multiple of 8 (fused gate/up groups)")
+        check_geometry(ckpt.cfg, str(ckpt.path))
         if not isinstance(e, Engine):
             raise ShapeError(f"e: expected an Engine, found {type(e).__name__}")
-        with e.device, e.stream:
+        e.check_attention_fits(ckpt.cfg.n_head, ckpt.cfg.n_kv, ckpt.cfg.head_dim)
+        with e.ordered():
             return cls._load(e, ckpt, precision, cuda_graphs)
 
     @classmethod
@@ -207,6 +208,9 @@ class DflashDraft:
     def _check(self, e: Engine, kv: DflashKv | None = None) -> None:
         if e.ordinal != self.device:
             raise ShapeError(f"e: engine on device {e.ordinal}, drafter on {self.device}")
+        if e.stream.ptr != self.stream_ptr:
+            raise ShapeError("e: not the engine (stream) this drafter was loaded with; its "
+                             "buffers are ordered on that engine's stream")
         if kv is not None:
             c, k = self.cfg, kv.cfg
             if (k.n_layer, k.kv_dim, k.block_size) != (c.n_layer, c.kv_dim, c.block_size):
@@ -300,11 +304,14 @@ class DflashDraft:
         else:
             self._round_kernels(e, kv)
             if capture:     # the eager run above compiled and configured every kernel
-                e.stream.begin_capture()
-                try:
-                    self._round_kernels(e, kv)
-                finally:
-                    graph = e.stream.end_capture()
+                # captured on the engine's private capture stream (the engine stream may be
+                # the legacy default stream, where capture is illegal); launched on e.stream
+                with e.capture_stream:
+                    e.capture_stream.begin_capture()
+                    try:
+                        self._round_kernels(e, kv)
+                    finally:
+                        graph = e.capture_stream.end_capture()
                 self._graphs[kv] = graph
         out[...] = ws.out
         return out
@@ -433,8 +440,6 @@ class DflashDraft:
     # -- for tests and tools: the exact weights the GPU multiplies by -----------------------------
     def reference_weights(self) -> dict[str, np.ndarray]:
         """Host float32 copies of every device weight, un-fused, under checkpoint names."""
-        from .tensor import _wait_for_device
-        _wait_for_device()
         c = self.cfg
         w: dict[str, np.ndarray] = {"fc.weight": self.fc.dequantize(),
                                     "hidden_norm.weight": self.hidden_norm.get(),

@@ -7,14 +7,16 @@ host except `dtoh` and `synchronize`.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import math
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from . import kernels
-from .errors import DeviceError, KernelCompileError, ShapeError
+from .errors import DeviceError, GeometryError, KernelCompileError, ShapeError
 from .tensor import QK, GpuTensor
 
 try:  # CuPy is an optional extra (cuda12 / cuda13); the CPU parts of pydflash work without it.
@@ -29,21 +31,21 @@ MAX_K_SPLITS = 16
 F32_WARPS_PER_BLOCK = 8
 ATT_THREADS, ATT_T, ATT_TC_T = 256, 64, 32  # attention.cu
 ATT_MAX_SPLITS = 32   # more splits cost more in partials than they gain in parallelism
+STAGING_MAX_BYTES = 1 << 20   # host copies up to this size go through page-locked staging
 
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def on_stream(method: F) -> F:
-    """Run a public entry point with its engine's device and stream current, so the kernels it
-    launches (and CuPy's own copies) queue on Engine.stream. The engine is `self` or the first
-    argument."""
+    """Run a public entry point under the stream contract (see Engine.ordered). The engine is
+    `self` or the first argument."""
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        e = self if isinstance(self, Engine) else args[0]
+        e = self if isinstance(self, Engine) else (args[0] if args else None)
         if not isinstance(e, Engine):
             raise ShapeError(f"e: expected an Engine, found {type(e).__name__}")
-        with e.device, e.stream:
+        with e.ordered():
             return method(self, *args, **kwargs)
     return wrapper  # type: ignore[return-value]
 
@@ -59,24 +61,51 @@ def cuda_available() -> bool:
 
 
 class Engine:
-    """Owns a device, a non-blocking stream and the NVRTC-compiled modules (once per process)."""
+    """One CUDA device, the stream its work is queued on, and the NVRTC-compiled modules (once
+    per process).
+
+    Stream contract (SPEC §7b, README "Streams"), the CuPy / torch convention:
+    - every entry point orders its work after everything already queued on the caller's
+      current CuPy stream at the call, and the caller's stream waits for that work, so anything
+      queued there later (a `cp.asnumpy`, a kernel, freeing and reusing an input's memory)
+      sees the results: returned arrays, `out=` buffers, KV contents, tokens. Both are event
+      waits on the device; no host synchronisation is added;
+    - inputs given through `__cuda_array_interface__` v3 with a `stream` are ordered after that
+      stream; DLPack producers are asked for the engine stream (`__dlpack__(stream=...)`);
+    - `stream=None` gives the engine its own non-blocking stream; pass your own
+      (`cupy.cuda.Stream`, or `cupy.cuda.Stream.from_external` / `ExternalStream` around another
+      framework's stream) and calls made on it issue no cross-stream wait at all;
+    - CUDA graphs are captured on a private capture stream (capture cannot run on the legacy
+      default stream) and launched on `Engine.stream`, so any stream works, the null one too.
+    Buffers a drafter or a DflashKv keeps are ordered on the stream of the engine that made
+    them: use them with that engine.
+    """
 
     _modules: dict[tuple[int, str], Any] = {}   # (device ordinal, module) -> cupy.RawModule
 
-    def __init__(self, ordinal: int = 0) -> None:
+    def __init__(self, ordinal: int = 0, stream: Any = None) -> None:
         if cp is None:
             raise DeviceError("CuPy is not installed: pip install 'pydflash[cuda12]' or "
                               "'pydflash[cuda13]'")
         if not cuda_available():
             raise DeviceError("no CUDA device is visible")
         n = cp.cuda.runtime.getDeviceCount()
-        if not isinstance(ordinal, (int, np.integer)) or not 0 <= ordinal < n:
+        if isinstance(ordinal, bool) or not isinstance(ordinal, (int, np.integer)) \
+                or not 0 <= ordinal < n:
             raise DeviceError(f"ordinal {ordinal!r} out of range: {n} CUDA device(s)")
+        if stream is not None and not isinstance(stream, (cp.cuda.Stream, cp.cuda.ExternalStream)):
+            raise DeviceError(f"stream: expected a cupy.cuda.Stream or ExternalStream, found "
+                              f"{type(stream).__name__}")
         self.ordinal = int(ordinal)
         self.device = cp.cuda.Device(self.ordinal)
         with self.device:
-            self.stream = cp.cuda.Stream(non_blocking=True)
+            self.stream = stream if stream is not None else cp.cuda.Stream(non_blocking=True)
+            # private: graphs are captured here (never on the legacy default stream)
+            self.capture_stream = cp.cuda.Stream(non_blocking=True)
+            self._fence_in = cp.cuda.Event(block=False, disable_timing=True)
+            self._fence_out = cp.cuda.Event(block=False, disable_timing=True)
             props = cp.cuda.runtime.getDeviceProperties(self.ordinal)
+        self._staging: collections.deque = collections.deque()   # (event, pinned memory)
         self.sm_count = int(props["multiProcessorCount"])
         self.name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         self.arch = f"sm_{props['major']}{props['minor']}"
@@ -84,6 +113,38 @@ class Engine:
         self.smem_per_block = int(self.device.attributes["MaxSharedMemoryPerBlockOptin"])
         self._functions: dict[tuple[str, str], Any] = {}
         self._smem_set: dict[str, int] = {}   # dynamic shared memory limit raised per kernel
+
+    # -- stream ordering ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def ordered(self) -> Iterator[None]:
+        """The stream contract around one entry point: the engine stream waits for the
+        caller's current stream, the work inside is queued on the engine stream, and the
+        caller's stream waits for it at the end (also when the body raises). On the engine
+        stream already (the caller's choice, or a nested entry point): no wait at all."""
+        with self.device:
+            caller = cp.cuda.get_current_stream().ptr
+            if caller == self.stream.ptr:
+                yield
+                return
+            self.wait_for_stream(caller)
+            try:
+                with self.stream:
+                    yield
+            finally:
+                self.signal_stream(caller)
+
+    def wait_for_stream(self, stream_ptr: int) -> None:
+        """Order the engine stream after everything queued so far on `stream_ptr` (a raw
+        cudaStream_t: 0 legacy default, 1 cudaStreamLegacy, 2 cudaStreamPerThread)."""
+        if stream_ptr != self.stream.ptr:
+            cp.cuda.runtime.eventRecord(self._fence_in.ptr, stream_ptr)
+            cp.cuda.runtime.streamWaitEvent(self.stream.ptr, self._fence_in.ptr, 0)
+
+    def signal_stream(self, stream_ptr: int) -> None:
+        """Order `stream_ptr` after everything queued so far on the engine stream."""
+        if stream_ptr != self.stream.ptr:
+            cp.cuda.runtime.eventRecord(self._fence_out.ptr, self.stream.ptr)
+            cp.cuda.runtime.streamWaitEvent(stream_ptr, self._fence_out.ptr, 0)
 
     # -- kernels ----------------------------------------------------------------------------
     def module(self, name: str) -> Any:
@@ -114,17 +175,37 @@ class Engine:
     # -- memory -----------------------------------------------------------------------------
     @on_stream
     def htod(self, a: np.ndarray) -> "cp.ndarray":
-        """Host -> device copy on the engine stream."""
-        out = cp.empty(np.shape(a), dtype=np.asarray(a).dtype)
-        out.set(np.ascontiguousarray(a), stream=self.stream)
+        """Host -> device copy, queued on the engine stream (no host synchronisation)."""
+        a = np.ascontiguousarray(a)
+        out = cp.empty(a.shape, dtype=a.dtype)
+        self.copy_from_host(out, a)
         return out
 
+    def copy_from_host(self, dst: "cp.ndarray", a: np.ndarray) -> None:
+        """Queue host array `a` into contiguous device array `dst` on the current stream.
+        Small copies go through page-locked staging kept alive until an event says the copy
+        ran (so the host never waits); large ones (weights at load) use CuPy's pageable copy,
+        which has read the host memory when it returns."""
+        a = np.ascontiguousarray(a)
+        if a.nbytes == 0:
+            return
+        stream = cp.cuda.get_current_stream()
+        if a.nbytes > STAGING_MAX_BYTES:
+            dst.set(a, stream=stream)
+            return
+        while self._staging and self._staging[0][0].done:
+            self._staging.popleft()
+        mem = cp.cuda.alloc_pinned_memory(a.nbytes)
+        np.frombuffer(mem, np.uint8, a.nbytes)[:] = a.reshape(-1).view(np.uint8)
+        dst.data.copy_from_host_async(mem.ptr, a.nbytes, stream)
+        done = cp.cuda.Event(block=False, disable_timing=True)
+        done.record(stream)
+        self._staging.append((done, mem))
+
+    @on_stream
     def dtoh(self, d: Any) -> np.ndarray:
-        """Device -> host copy; waits for the engine stream first."""
-        d = self.as_device_array(d, "d")
-        self.stream.synchronize()
-        with self.device:
-            return cp.asnumpy(d)
+        """Device -> host copy after the engine's queued work (a host synchronisation)."""
+        return self.as_device_array(d, "d").get(stream=self.stream)
 
     @on_stream
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> "cp.ndarray":
@@ -142,7 +223,7 @@ class Engine:
         if isinstance(obj, cp.ndarray):
             arr = obj
         elif hasattr(obj, "__cuda_array_interface__"):
-            arr = _from_cuda_array_interface(obj)
+            arr = _from_cuda_array_interface(obj, self, name)
         elif hasattr(obj, "__dlpack__"):
             if isinstance(obj, np.ndarray):
                 raise ShapeError(f"{name}: a host numpy array was given; pass a device array "
@@ -219,7 +300,8 @@ class Engine:
         n, k = w.out_features, w.in_features
         row_blocks = (n + LINEAR_ROWS_PER_BLOCK - 1) // LINEAR_ROWS_PER_BLOCK
         want = (4 * self.sm_count) // row_blocks
-        return max(1, min(want, (k // QK) // LINEAR_CHUNKS_PER_PASS, MAX_K_SPLITS))
+        want = max(1, min(want, (k // QK) // LINEAR_CHUNKS_PER_PASS, MAX_K_SPLITS))
+        return split_k_plan(k // QK, want)[0]
 
     def linear(self, w: GpuTensor, x: "cp.ndarray", m: int, out: "cp.ndarray", epilogue: str,
                residual: "cp.ndarray | None", ksplit: int = 1, split_stride: int = 0) -> None:
@@ -241,13 +323,15 @@ class Engine:
                         (w.data, scales, x, np.int64(ldx), out, np.int64(ldy), res,
                          np.int64(ldr), np.int32(m), np.int32(n), np.int32(k)))
             return
-        chunks = k // QK
-        per_split = (chunks + ksplit - 1) // ksplit
+        n_splits, per_split = split_k_plan(k // QK, ksplit)
+        if n_splits != ksplit:   # the consumer adds exactly ksplit partials: all must be written
+            raise ShapeError(f"K split {ksplit} of {k // QK} chunks leaves empty splits; "
+                             f"use k_splits() ({n_splits} non-empty splits)")
         nt1 = m <= 8
         tokens_per_block = 8 if nt1 else 16
         grid = ((m + tokens_per_block - 1) // tokens_per_block,
                 (n + LINEAR_ROWS_PER_BLOCK - 1) // LINEAR_ROWS_PER_BLOCK,
-                (chunks + per_split - 1) // per_split)
+                n_splits)
         name = f"linear_{w.fmt}_{epilogue}" + ("_nt1" if nt1 else "")
         self.launch("linear", name, grid, LINEAR_THREADS,
                     (w.data, scales, x, np.int64(ldx), out, np.int64(ldy), res, np.int64(ldr),
@@ -363,6 +447,16 @@ class Engine:
             self._attention_chunk(q[r0:], k, v, q_pos[r0:], k_pos, rows, n_keys, n_head, n_kv,
                                   hd, window, out[r0:], scratch, n_keys_base,
                                   max_keys or n_keys, exact or hd > 128)
+
+    def check_attention_fits(self, n_head: int, n_kv: int, hd: int) -> None:
+        """Attention for this geometry fits this device's shared memory (a GeometryError
+        naming the need and the limit otherwise): the f32 FFMA path (always for head_dim 256)
+        needs at least 16 padded query rows of Q, K, V and P single-buffered."""
+        need = _attention_smem(16, hd, 1)
+        if need > self.smem_per_block:
+            raise GeometryError(f"head_dim {hd}: attention needs {need // 1024} KiB of shared "
+                                f"memory per block, {self.name} offers "
+                                f"{self.smem_per_block // 1024} KiB")
 
     def attention_splits(self, n_kv: int, rows: int, hd: int,
                          exact: bool = True) -> tuple[int, int, int]:
@@ -533,6 +627,16 @@ class Engine:
             raise ShapeError(f"{name}: dtype must be float32, found {a.dtype}")
 
 
+def split_k_plan(chunks: int, want: int) -> tuple[int, int]:
+    """(splits, chunks per split) for cutting `chunks` 32-wide K chunks into at most `want`
+    ranges of whole chunks. Every split it counts is non-empty: the consumers add exactly that
+    many partial sums, so a split launched with no chunks would leave its partial unwritten
+    (e.g. 90 chunks cut for 11 splits gives ranges of 9: only 10 exist)."""
+    want = max(1, min(want, chunks))
+    per_split = -(-chunks // want)
+    return -(-chunks // per_split), per_split
+
+
 def _attention_smem(rows: int, hd: int, stages: int) -> int:
     """Dynamic shared memory of attn_partial for `rows` padded query rows (attention.cu)."""
     hs = hd + 4
@@ -592,7 +696,10 @@ def _host_int32(values: Any, name: str) -> np.ndarray:
     return a.astype(np.int32)
 
 
-def _from_cuda_array_interface(obj: Any) -> "cp.ndarray":
+def _from_cuda_array_interface(obj: Any, e: Engine, name: str) -> "cp.ndarray":
+    """A CuPy view of a `__cuda_array_interface__` producer. With v3's `stream` (an int other
+    than None), the engine stream is ordered after the producer's stream, as the protocol asks
+    of a consumer."""
     cai = obj.__cuda_array_interface__
     typestr = cai["typestr"]
     dtype = np.dtype(np.uint16) if typestr[1:] in ("V2", "b2") else np.dtype(typestr)
@@ -600,8 +707,14 @@ def _from_cuda_array_interface(obj: Any) -> "cp.ndarray":
         expected = tuple(int(np.prod(cai["shape"][i + 1:])) * dtype.itemsize
                          for i in range(len(cai["shape"])))
         if tuple(cai["strides"]) != expected:
-            raise ShapeError("array: only C-contiguous __cuda_array_interface__ arrays are "
-                             "accepted")
+            raise ShapeError(f"{name}: only C-contiguous __cuda_array_interface__ arrays are "
+                             f"accepted")
+    producer = cai.get("stream")
+    if producer is not None:
+        if isinstance(producer, bool) or not isinstance(producer, int) or producer == 0:
+            raise ShapeError(f"{name}: __cuda_array_interface__ stream must be None or a "
+                             f"non-zero int (protocol v3), found {producer!r}")
+        e.wait_for_stream(producer)
     size = int(np.prod(cai["shape"])) * dtype.itemsize
     mem = cp.cuda.UnownedMemory(cai["data"][0], size, obj)
     return cp.ndarray(tuple(cai["shape"]), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))

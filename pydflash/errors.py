@@ -21,6 +21,11 @@ class ShapeError(PydflashError, ValueError):
     """An argument has the wrong shape, length, dtype or device."""
 
 
+class GeometryError(ShapeError):
+    """The drafter's geometry lies outside what the GPU kernels support (README "Supported
+    envelope"); the message names every dimension at fault and the kernel that needs it."""
+
+
 class CapacityError(PydflashError, ValueError):
     """An operation would write past the capacity of a DflashKv."""
 

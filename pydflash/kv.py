@@ -22,8 +22,6 @@ class DflashKv:
     def __init__(self, e: "Engine", cfg: DflashCfg, cap: int) -> None:
         if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
             raise CapacityError(f"cap must be a non-negative integer, found {cap!r}")
-        import cupy as cp  # the engine exists, so CuPy does
-
         self.cfg, self._cap, self._len = cfg, int(cap), 0
         self.device = e.ordinal
         rows = self._cap + cfg.block_size
@@ -33,14 +31,6 @@ class DflashKv:
         # A round's [len, block positions...]: read by the kernels on the device, so one
         # captured CUDA graph of forward_round serves every len.
         self.round_args = e.zeros(1 + cfg.block_size, np.int32)
-        self._round_host = np.frombuffer(cp.cuda.alloc_pinned_memory(4 * (1 + cfg.block_size)),
-                                         np.int32, 1 + cfg.block_size)
-        # Page-locked mirror of `pos`: positions are staged here and copied asynchronously;
-        # `_staged` marks when the last copy out of it finished, before it is written again.
-        self.pos_host = cp.cuda.alloc_pinned_memory(rows * 4)
-        self._pos_host_view = np.frombuffer(self.pos_host, np.int32, rows)
-        self._staged = cp.cuda.Event(block=False, disable_timing=True)
-        self._staged.record(e.stream)
 
     @classmethod
     def new(cls, e: "Engine", cfg: DflashCfg, cap: int) -> "DflashKv":
@@ -68,47 +58,34 @@ class DflashKv:
             raise CapacityError(f"{what}: {t} rows at len {self._len} exceed cap {self._cap}")
 
     def stage_round(self, e: "Engine", pos_block: Any, name: str) -> None:
-        """[len, pos_block...] -> round_args (validated first; async from pinned memory)."""
+        """[len, pos_block...] -> round_args, validated first, queued on the current stream."""
         import cupy as cp
 
         b = self.cfg.block_size
-        device_pos = isinstance(pos_block, cp.ndarray) or hasattr(pos_block,
-                                                                 "__cuda_array_interface__")
-        if device_pos:
+        if isinstance(pos_block, cp.ndarray) or hasattr(pos_block, "__cuda_array_interface__"):
             src = e.int32_ids(pos_block, name, b)
-        else:
-            from .engine import _host_int32
-
-            host = _host_int32(pos_block, name)
-            if host.size != b:
-                raise ShapeError(f"{name}: expected {b} positions, found {host.size}")
-        self._staged.synchronize()
-        self._round_host[0] = self._len
-        if device_pos:
-            self.round_args[:1].set(self._round_host[:1], stream=e.stream)
+            e.copy_from_host(self.round_args[:1], np.array([self._len], np.int32))
             self.round_args[1:] = src
-        else:
-            self._round_host[1:] = host
-            self.round_args.set(self._round_host, stream=e.stream)
-        self._staged.record(e.stream)
+            return
+        from .engine import _host_int32
+
+        host = _host_int32(pos_block, name)
+        if host.size != b:
+            raise ShapeError(f"{name}: expected {b} positions, found {host.size}")
+        e.copy_from_host(self.round_args, np.concatenate([[self._len], host]).astype(np.int32))
 
     def stage_positions(self, e: "Engine", pos: Any, start: int, n: int, name: str) -> None:
         """Positions of rows [start, start+n) -> self.pos, from host ints or a device int32
-        array, queued on the engine stream (validated before anything is written)."""
+        array, queued on the current stream (validated before anything is written)."""
         import cupy as cp
 
         if isinstance(pos, cp.ndarray) or hasattr(pos, "__cuda_array_interface__"):
             src = e.int32_ids(pos, name, n)
-            with e.device, e.stream:
-                self.pos[start:start + n] = src
+            self.pos[start:start + n] = src
             return
         from .engine import _host_int32
 
         host = _host_int32(pos, name)
         if host.size != n:
             raise ShapeError(f"{name}: expected {n} positions, found {host.size}")
-        self._staged.synchronize()
-        self._pos_host_view[start:start + n] = host
-        if n:
-            self.pos[start:start + n].set(self._pos_host_view[start:start + n], stream=e.stream)
-        self._staged.record(e.stream)
+        e.copy_from_host(self.pos[start:start + n], host)

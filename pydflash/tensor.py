@@ -133,37 +133,32 @@ class GpuTensor:
     # -- back to the host ---------------------------------------------------------------------
     def dequantize(self) -> np.ndarray:
         """The exact values the kernels multiply by, as a host float32 [N, K] array (a host
-        utility for tests and tools: it waits for the whole device first)."""
-        from .quant import f32_from_bf16_bits
-        _wait_for_device()
-        if self.fmt == "f32":
-            return self.data.get()
-        if self.fmt == "bf16":
-            return f32_from_bf16_bits(self.data.get())
-        d = self.scales.get().view(np.float16).astype(np.float32)            # [N, K/32]
-        if self.fmt == "q8_0":
-            q = self.data.get().astype(np.float32).reshape(self.out_features, -1, QK)
-        else:
-            packed = self.data.get().reshape(self.out_features, -1, QK // 2)
-            q = np.concatenate([packed & 15, packed >> 4], axis=-1).astype(np.float32) - 8.0
-        return (q * d[..., None]).reshape(self.out_features, self.in_features)
+        utility for tests and tools). Decoded on the device, read back on the caller's current
+        stream, which every entry point that wrote the tensor has ordered after its work."""
+        import cupy as cp
+
+        with self.data.device:
+            if self.fmt == "f32":
+                return self.data.get()
+            if self.fmt == "bf16":
+                return (self.data.astype(cp.uint32) << 16).view(cp.float32).get()
+            n = self.out_features
+            d = self.scales.view(cp.float16).astype(cp.float32)[..., None]      # [N, K/32, 1]
+            if self.fmt == "q8_0":
+                q = self.data.astype(cp.float32).reshape(n, -1, QK)
+            else:
+                packed = self.data.reshape(n, -1, QK // 2)
+                q = cp.concatenate([packed & 15, packed >> 4], axis=-1).astype(cp.float32) - 8
+            return (q * d).reshape(n, self.in_features).get()
 
     def ggml_bytes(self) -> np.ndarray:
         """The GGML block byte stream (q8_0/q4_0), as `quant.encode_*` would write it."""
         if self.fmt not in ("q8_0", "q4_0"):
             raise QuantizationError(f"ggml_bytes: {self.fmt} is not a block format")
-        _wait_for_device()
         n, k = self.shape
         d = self.scales.get().reshape(n, k // QK, 1).view(np.uint8)          # 2 bytes each
         qs = self.data.get().view(np.uint8).reshape(n, k // QK, -1)
         return np.concatenate([d.reshape(n, k // QK, 2), qs], axis=-1).reshape(-1)
-
-
-def _wait_for_device() -> None:
-    """Kernels that wrote a tensor ran on an Engine's non-blocking stream, which the default
-    stream used by .get() does not wait for: synchronize the device before reading back."""
-    import cupy as cp
-    cp.cuda.runtime.deviceSynchronize()
 
 
 def _check_fmt(fmt: str) -> None:
