@@ -1,4 +1,5 @@
 """Shared test setup: make the repository root importable (for `tools.make_checkpoint`)."""
+import os
 import sys
 from pathlib import Path
 
@@ -28,3 +29,30 @@ def rng(request):
     seed = int(np.random.SeedSequence().entropy % 2**32)
     print(f"[{request.node.name}] rng seed {seed}")
     return np.random.default_rng(seed)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "scale: GPU tests at the public geometries and ctx in the "
+                            "thousands (tools/gpu_suite.sh runs them: pytest -m scale)")
+
+
+_PRESET_CACHE: dict = {}
+
+
+@pytest.fixture(scope="session")
+def preset_checkpoint(tmp_path_factory):
+    """preset_checkpoint(name, **overrides) -> a synthetic checkpoint dir, built once a session."""
+    from tools.make_checkpoint import make_checkpoint
+
+    shared = os.environ.get("PYDFLASH_CKPT_CACHE")   # tools/gpu_suite.sh: built once a run
+
+    def build(name, seed=1, **overrides):
+        key = (name, seed, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+        if shared and not overrides and seed == 1 and (Path(shared) / name / "config.json").is_file():
+            return Path(shared) / name
+        if key not in _PRESET_CACHE:
+            path = tmp_path_factory.mktemp(name.replace(".", "_"))
+            _PRESET_CACHE[key] = make_checkpoint(path / "ckpt", name, overrides=overrides or None,
+                                                 seed=seed)
+        return _PRESET_CACHE[key]
+    return build

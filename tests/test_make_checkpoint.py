@@ -375,9 +375,24 @@ def test_big_preset_plans():
     assert cfg["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33]
     assert cfg["dflash_config"]["mask_token_id"] == 151669 and cfg["block_size"] == 16
 
-    cfg, plan = checkpoint_plan("gemma4-31b")
+    cfg, plan = checkpoint_plan("gemma4-31b")     # z-lab gemma-4-31B-it-DFlash, SPEC §1b
+    shapes = {n: s for n, s, _ in plan}
     assert cfg["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
-    assert cfg["sliding_window"] == 1024 and cfg["vocab_size"] == 262144
+    assert cfg["sliding_window"] == 2048 and cfg["vocab_size"] == 262144
+    assert cfg["dflash_config"]["target_layer_ids"] == [1, 12, 23, 35, 46, 57]
+    assert cfg["dflash_config"]["mask_token_id"] == 4
+    assert shapes["layers.0.self_attn.q_proj.weight"] == (64 * 128, 5376)
+    assert shapes["layers.0.self_attn.k_proj.weight"] == (8 * 128, 5376)
+    assert shapes["layers.4.mlp.gate_proj.weight"] == (10752, 5376)
+    assert shapes["fc.weight"] == (5376, 6 * 5376)
+
+    cfg, plan = checkpoint_plan("gpt-oss-20b-b8")   # z-lab gpt-oss-20b-DFlash, SPEC §1b
+    shapes = {n: s for n, s, _ in plan}
+    assert cfg["num_hidden_layers"] == 8 and cfg["block_size"] == 8
+    assert cfg["dflash_config"]["mask_token_id"] == 200000
+    assert shapes["layers.7.self_attn.q_proj.weight"] == (64 * 64, 2880)
+    assert shapes["layers.7.self_attn.v_proj.weight"] == (8 * 64, 2880)
+    assert shapes["layers.7.mlp.down_proj.weight"] == (2880, 7680)
 
     cfg, plan = checkpoint_plan("dspark-qwen3-8b-b7")
     shapes = {n: s for n, s, _ in plan}

@@ -50,6 +50,37 @@ def copy_bandwidth(cp, stream, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
+def host_us_per_call(cp, fn, calls: int = 40, batches: int = 25) -> float:
+    """Median host microseconds per call of fn over batches of `calls` back-to-back calls
+    (the device drains between batches, so the queue never throttles the host)."""
+    per_call = []
+    for _ in range(batches):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+    cp.cuda.Device().synchronize()
+    return float(np.median(per_call))
+
+
+def ordering_cost(cp, e, round_fn) -> None:
+    """Host cost of the stream contract: a forward_round called from the engine's own stream
+    (no waits) against one called from CuPy's default stream (an event record + stream wait
+    each way), and the two waits alone."""
+    with e.stream:
+        own = host_us_per_call(cp, round_fn)
+    default = host_us_per_call(cp, round_fn)
+
+    def fences():
+        with e.ordered():
+            pass
+    alone = host_us_per_call(cp, fences, calls=200)
+    print(f"ordering     forward_round host time per call: {own:.1f} us on the engine stream, "
+          f"{default:.1f} us from the default stream (+{default - own:.1f} us); "
+          f"the two waits alone {alone:.1f} us")
+
+
 def synthetic_lm_head(cp, vocab: int, hidden: int):
     """A [vocab, hidden] bf16-bits lm_head with values of about +-0.01, made on the device."""
     bits = cp.random.randint(0x3c00, 0x3d00, (vocab, hidden), dtype=np.int32).astype(np.uint16)
@@ -82,6 +113,9 @@ def bench_precision(cp, e, ckpt: Path, label: str, precision: str, ctx_arg: int,
                     rounds, warmup=20)
     rows.append((label, precision, f"forward_round ctx {ctx}", t_round, d.weight_bytes,
                  kv_bytes))
+
+    if precision == "bf16":
+        ordering_cost(cp, e, lambda: d.forward_round(e, kv, noise, pos_block, out=out))
 
     kv_w = sum(layer.kv.nbytes for layer in d.layers)
 

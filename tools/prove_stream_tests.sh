@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Shows that tests/test_streams_gpu.py catches the stream defect: runs it with the stream
+# ordering removed (tools/no_ordering.py puts back the pre-contract behaviour: work queued on
+# the engine stream with no wait either way). Expect failures here, and a pass without -p.
+#   PYTHONPATH=. bash tools/prove_stream_tests.sh
+set -uo pipefail
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
+python3 -m pytest -q -p tools.no_ordering tests/test_streams_gpu.py -k "not callers_stream" "$@"
+rc=$?
+if [ $rc -eq 0 ]; then echo "UNEXPECTED: the stream tests passed without the ordering"; exit 1; fi
+echo "as expected: the stream tests fail without the ordering (pytest rc $rc)"
