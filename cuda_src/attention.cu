@@ -12,28 +12,19 @@
 // rows rg*ORPT.. and dims 4cg..4cg+3. Row strides are padded by 4 floats (no bank conflicts).
 //
 // Window: query at position p sees key at position j iff window == 0 or |p - j| <= window - 1.
+// Causal (causal_rows = b > 0, the is_causal drafters): the last b keys are the block's own
+// rows, and query row i (q_row0 + row in this launch) sees block key j only when j <= i.
 // Keys are rows [0, n_keys) of K/V (row stride ldkv floats, kv head h at column h*hd).
 // hd is a power of two in [16, 256]; R <= 16 * RPT; ORPT = max(1, 16*RPT / (1024/hd)).
 // K/V tiles arrive by cp.async, all of a tile's copies in flight at once; with stages == 2 the
 // next tile streams in while this one is computed (double buffering).
 #include "common.cuh"
 
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool valid) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(void* smem_dst, const void* src, bool valid) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-#define ATT_T 64
-#define ATT_THREADS 256
+// From pydflash/ops/attention.py: keys per FFMA tile, threads of the FFMA kernel, keys per
+// tensor-core tile.
+PYDFLASH_REQUIRE(ATT_T);
+PYDFLASH_REQUIRE(ATT_THREADS);
+PYDFLASH_REQUIRE(ATT_TC_T);
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -57,16 +48,16 @@ __device__ __forceinline__ void attn_partial_impl(
     const float* __restrict__ q, long long ldq, const float* __restrict__ K,
     const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
     const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
-    int n_head, int n_kv, int hd, int window, float scale, int stages, float* __restrict__ o_part,
+    int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0, float scale, int stages,
+    float* __restrict__ o_part,
     float* __restrict__ ml_part) {
     // keys = n_keys (+ *n_keys_base: the DflashKv length, read on the device so a captured
     // graph stays valid as it grows), cut into min(n_splits, tiles) splits of whole tiles. The
     // cut depends on the key count only, never on the grid, so every path that sees the same
     // keys sums them in the same order; blocks past the last split write empty partials.
     if (n_keys_base != nullptr) n_keys += *n_keys_base;
-    const int tiles = (n_keys + ATT_T - 1) / ATT_T;
-    const int used = min(n_splits, tiles);
-    const int keys_per_split = (tiles + used - 1) / max(used, 1) * ATT_T;
+    int k_begin, k_end;
+    split_range(n_keys, ATT_T, n_splits, blockIdx.y, k_begin, k_end);
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);
     constexpr int RP = 16 * RPT;
@@ -92,12 +83,14 @@ __device__ __forceinline__ void attn_partial_impl(
     }
 
     const int tr = tid >> 4, tc = tid & 15;
-    int my_qpos[RPT];
+    int my_qpos[RPT], my_qrow[RPT];
 #pragma unroll
     for (int i = 0; i < RPT; ++i) {
         const int r = tr * RPT + i;
         my_qpos[i] = r < R ? qpos[r % n_q] : 0;
+        my_qrow[i] = q_row0 + (r < R ? r % n_q : 0);
     }
+    const int first_block_key = n_keys - causal_rows;   // causal: the block rows' keys
     float m_run[RPT], l_run[RPT];
 #pragma unroll
     for (int i = 0; i < RPT; ++i) { m_run[i] = neg_inf(); l_run[i] = 0.f; }
@@ -109,8 +102,6 @@ __device__ __forceinline__ void attn_partial_impl(
 #pragma unroll
     for (int k = 0; k < ORPT; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
 
-    const int k_begin = split * keys_per_split;
-    const int k_end = min(n_keys, k_begin + keys_per_split);
     // Issue every copy of the tile starting at key kt into buffer `buf` (zero-filled past k_end).
     auto load_tile = [&](int kt, int buf) {
         float* Kd = Kbuf + buf * ATT_T * hs;
@@ -174,6 +165,7 @@ __device__ __forceinline__ void attn_partial_impl(
                 const int j = tc + 16 * c;
                 bool ok = kt + j < k_end;
                 if (ok && window > 0) ok = abs(my_qpos[i] - kpos_s[j]) <= window - 1;
+                if (ok && causal_rows > 0) ok = kt + j - first_block_key <= my_qrow[i];
                 s[i][c] = ok ? s[i][c] * scale : neg_inf();
                 mt = fmaxf(mt, s[i][c]);
             }
@@ -264,11 +256,11 @@ __device__ __forceinline__ void attn_partial_impl(
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_partial_r##RPT##_o##ORPT(   \
         const float* q, long long ldq, const float* K, const float* V, long long ldkv,         \
         const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base,         \
-        int n_splits, int n_head, int n_kv, int hd, int window, float scale, int stages,       \
-        float* o_part, float* ml_part) {                                                       \
+        int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0,   \
+        float scale, int stages, float* o_part, float* ml_part) {                              \
         attn_partial_impl<RPT, ORPT>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base,  \
-                                     n_splits, n_head, n_kv, hd, window, scale, stages, o_part, \
-                                     ml_part);                                                  \
+                                     n_splits, n_head, n_kv, hd, window, causal_rows, q_row0,   \
+                                     scale, stages, o_part, ml_part);                           \
     }
 // ORPT = max(1, 16*RPT*hd/1024) for hd in 16..256
 ATT_ENTRY(1, 1) ATT_ENTRY(1, 2) ATT_ENTRY(1, 4)
@@ -283,13 +275,13 @@ ATT_ENTRY(8, 1) ATT_ENTRY(8, 2) ATT_ENTRY(8, 4) ATT_ENTRY(8, 8) ATT_ENTRY(8, 16)
 // S = Q K^T and O += P V take three MMAs per product (hi.hi + hi.lo + lo.hi): ~16-bit inputs,
 // f32 accumulation. The softmax runs on the S accumulators, whose layout is the A layout of P.
 // Tiles of ATT_TC_T = 32 keys keep the block at ~72 KB of shared memory: three blocks per SM.
-#define ATT_TC_T 32
 template <int HD, int W>
 __device__ __forceinline__ void attn_partial_tc_impl(
     const float* __restrict__ q, long long ldq, const float* __restrict__ K,
     const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
     const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
-    int n_head, int n_kv, int window, float scale, float* __restrict__ o_part,
+    int n_head, int n_kv, int window, int causal_rows, int q_row0, float scale,
+    float* __restrict__ o_part,
     float* __restrict__ ml_part) {
     constexpr int TT = ATT_TC_T;                // keys per tile
     constexpr int KS = HD / 16;                 // k-steps of S over the head dim
@@ -309,15 +301,12 @@ __device__ __forceinline__ void attn_partial_tc_impl(
     int* kpos_s = kpos_f + TT;                           // [TT] (current)
 
     if (n_keys_base != nullptr) n_keys += *n_keys_base;
-    const int tiles = (n_keys + TT - 1) / TT;
-    const int used = min(n_splits, tiles);
-    const int keys_per_split = (tiles + used - 1) / max(used, 1) * TT;
+    int k_begin, k_end;
+    split_range(n_keys, TT, n_splits, blockIdx.y, k_begin, k_end);
     const int G = n_head / n_kv, R = G * n_q;
     const int kvh = blockIdx.x, split = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int k_begin = split * keys_per_split;
-    const int k_end = min(n_keys, k_begin + keys_per_split);
 
     auto load_tile = [&](int kt) {
         for (int idx = tid; idx < TT * (HD / 4); idx += 32 * W) {
@@ -337,8 +326,9 @@ __device__ __forceinline__ void attn_partial_tc_impl(
     if (k_begin < k_end) load_tile(k_begin);
 
     // this warp's query rows: rg = 16*warp + g and rg + 8
-    int qp[2];
+    int qp[2], qidx[2];
     bool row_ok[2];
+    const int first_block_key = n_keys - causal_rows;   // causal: the block rows' keys
     const float* qrow[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -346,6 +336,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
         row_ok[h] = r < R;
         const int gq = row_ok[h] ? r / n_q : 0, i = row_ok[h] ? r % n_q : 0;
         qp[h] = qpos[i];
+        qidx[h] = q_row0 + i;
         qrow[h] = q + (long long)i * ldq + (long long)(kvh * G + gq) * HD;
     }
     unsigned qa_hi[KS][4], qa_lo[KS][4];
@@ -407,6 +398,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
                 const int h = e >> 1, key = 8 * j + 2 * t + (e & 1);
                 bool ok = kt + key < k_end && row_ok[h];
                 if (ok && window > 0) ok = abs(qp[h] - kpos_s[key]) <= window - 1;
+                if (ok && causal_rows > 0) ok = kt + key - first_block_key <= qidx[h];
                 sacc[j][e] = ok ? sacc[j][e] * scale : neg_inf();
                 mt[h] = fmaxf(mt[h], sacc[j][e]);
             }
@@ -479,10 +471,11 @@ __device__ __forceinline__ void attn_partial_tc_impl(
     extern "C" __global__ void __launch_bounds__(32 * W) attn_partial_tc_h##HD##_w##W(         \
         const float* q, long long ldq, const float* K, const float* V, long long ldkv,         \
         const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base,         \
-        int n_splits, int n_head, int n_kv, int hd, int window, float scale, int stages,       \
-        float* o_part, float* ml_part) {                                                       \
+        int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0,   \
+        float scale, int stages, float* o_part, float* ml_part) {                              \
         attn_partial_tc_impl<HD, W>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base,   \
-                                    n_splits, n_head, n_kv, window, scale, o_part, ml_part);    \
+                                    n_splits, n_head, n_kv, window, causal_rows, q_row0, scale, \
+                                    o_part, ml_part);                                           \
     }
 #define ATT_TC_ENTRIES(HD) ATT_TC_ENTRY(HD, 1) ATT_TC_ENTRY(HD, 2) ATT_TC_ENTRY(HD, 4) ATT_TC_ENTRY(HD, 8)
 ATT_TC_ENTRIES(16)

@@ -1,6 +1,11 @@
-// Shared device helpers: bit-level bf16/f16 conversions and warp reductions.
+// Shared device helpers: bit-level bf16/f16 conversions, warp and block reductions, the bf16
+// tensor-core MMA, cp.async copies and split-range cuts.
 // Header-free on purpose: NVRTC 12.x and 13.x both compile it with no include path.
+// Compile-time constants come from the host as NVRTC -D options (pydflash/ops/<family>.py
+// declares them); each .cu checks with PYDFLASH_REQUIRE that they were given.
 #pragma once
+
+#define PYDFLASH_REQUIRE(name) static_assert(name > 0, #name " must come from pydflash (-D" #name ")")
 
 typedef unsigned short bf16_bits;
 typedef unsigned short f16_bits;
@@ -77,3 +82,31 @@ __device__ __forceinline__ void split4(float4 v, unsigned (&hi)[2], unsigned (&l
     lo[1] = pack_bf16x2(r2, r3);
 }
 
+
+// Asynchronous global -> shared copies (sm_80+): `valid` false zero-fills the destination.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* smem_dst, const void* src, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// The [begin, end) range of split `split` when `n` items, in units of `unit`, are cut into at
+// most `n_splits` ranges of whole units. The cut depends on n only (never on the grid), so
+// every path that sees the same items sums them in the same order; splits past the last
+// non-empty one get an empty range.
+__device__ __forceinline__ void split_range(int n, int unit, int n_splits, int split, int& begin,
+                                            int& end) {
+    const int units = (n + unit - 1) / unit;
+    const int used = min(n_splits, units);
+    const int per = (units + used - 1) / max(used, 1) * unit;
+    begin = split * per;
+    end = min(n, begin + per);
+}

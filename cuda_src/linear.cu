@@ -30,8 +30,11 @@
 #define EPI_STORE 0
 #define EPI_ADD 1
 #define EPI_SILU_MUL 2
-#define LIN_NWARPS 4
-#define LIN_UNROLL 2
+// From pydflash/ops/linear.py: warps per block, 32-chunks each warp loads before computing,
+// output rows per block (two m-tiles of 16: the code is written for exactly 32).
+PYDFLASH_REQUIRE(LIN_NWARPS);
+PYDFLASH_REQUIRE(LIN_UNROLL);
+static_assert(LIN_ROWS == 32, "linear_mma owns 2 m-tiles of 16 rows");
 
 // int8 pair -> bf16x2 (exact: |q| <= 128).
 __device__ __forceinline__ unsigned i8x2_to_bf16x2(int q0, int q1) {
@@ -107,7 +110,7 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
     __shared__ float red[LIN_NWARPS][32][2 * NT * 4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const long long row0 = (long long)blockIdx.y * 32;
+    const long long row0 = (long long)blockIdx.y * LIN_ROWS;
     const long long tok0 = (long long)blockIdx.x * (NT * 8);
     const int nchunks = K / 32;
     const int c_begin = blockIdx.z * chunks_per_split;

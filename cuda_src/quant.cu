@@ -15,14 +15,12 @@
 // 32 int8), q4_0 block = 18 bytes (f16 d + 16 bytes, byte j = q[j] | q[j + 16] << 4).
 // One thread per block; bytes are written with byte stores because blocks are not aligned.
 
-#define QK 32
+#include "common.cuh"
+
+PYDFLASH_REQUIRE(QK);   // elements per block, from pydflash/ops/quant.py
 
 __device__ __forceinline__ float as_f32(float v) { return v; }
-
-// bf16 bits are the top half of a float32.
-__device__ __forceinline__ float as_f32(unsigned short bits) {
-    return __uint_as_float(((unsigned int)bits) << 16);
-}
+__device__ __forceinline__ float as_f32(unsigned short bits) { return bf16_to_f32(bits); }
 
 // float32 -> IEEE half bits, round to nearest even, subnormals kept (what NumPy's
 // astype(float16) does). Bit arithmetic, so no header is needed.

@@ -1,7 +1,6 @@
 // Greedy token choice: row argmax (ties -> lowest index), one block per row.
 #include "common.cuh"
 
-#define ARGMAX_THREADS 1024
 
 __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
     // NaN never wins; equal values keep the lower index

@@ -1,20 +1,136 @@
-"""Kernel sources: finding cuda_src/, inlining the shared header, and compiling with NVRTC.
+"""Kernel families and their typed specs; finding, preprocessing and compiling cuda_src/.
 
-`compile_for_arch` calls NVRTC directly with an explicit --gpu-architecture, so the CPU test
-suite can compile-check every kernel for every target without a GPU. On a device the Engine
-hands the same preprocessed source to CuPy's RawModule.
+A `Family` is one `cuda_src/<module>.cu` file: its compile-time constants (passed as NVRTC -D
+options, so host and device share one definition; each .cu refuses to compile without them)
+and a `KernelSpec` per entry point, declared once with the C signature. A spec casts keyword
+arguments to the exact C types (None -> null pointer) and raises on a missing or unknown name,
+so no launch site builds argument tuples by hand. `compile_for_arch` calls NVRTC directly with
+an explicit --gpu-architecture, so the CPU test suite compiles every family for every target
+and checks every spec against the PTX signature without a GPU.
 """
+
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from .errors import KernelCompileError
+import numpy as np
 
-MODULES = ("linear", "norm", "rope", "attention", "elementwise", "sampling", "markov", "quant")
-NVRTC_OPTIONS = ("-std=c++17",)
+from .errors import KernelCompileError, ShapeError
+
+NVRTC_BASE_OPTIONS = ("-std=c++17",)
 _INCLUDE = re.compile(r'^\s*#include\s+"([\w.]+)"\s*$', re.M)
+_PTX_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)")
+
+
+def _pointer(name: str) -> Callable[[Any], Any]:
+    def cast(v: Any) -> Any:
+        if v is None:
+            return np.uintp(0)
+        if hasattr(v, "data") and hasattr(v.data, "ptr"):  # a cupy.ndarray (or a view)
+            return v
+        raise ShapeError(
+            f"kernel argument {name}: expected a device array or None, found {type(v).__name__}"
+        )
+
+    return cast
+
+
+def _scalar(name: str, kind: type) -> Callable[[Any], Any]:
+    def cast(v: Any) -> Any:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+            raise ShapeError(f"kernel argument {name}: expected a number, found {v!r}")
+        return kind(v)
+
+    return cast
+
+
+# C parameter type -> (host cast, the PTX .param type NVRTC gives it)
+_SCALARS = {
+    "int": (np.int32, ".u32"),
+    "long long": (np.int64, ".u64"),
+    "float": (np.float32, ".f32"),
+    "unsigned": (np.uint32, ".u32"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str  # e.g. "const float*", "long long", "int", "float"
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
+    @property
+    def ptx_type(self) -> str:
+        return ".u64" if self.is_pointer else _SCALARS[self.ctype][1]
+
+    def caster(self) -> Callable[[Any], Any]:
+        if self.is_pointer:
+            return _pointer(self.name)
+        return _scalar(self.name, _SCALARS[self.ctype][0])
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    family: Family
+    name: str
+    params: tuple[Param, ...]
+    _casts: tuple[tuple[str, Callable[[Any], Any]], ...] = dataclasses.field(
+        default=(), init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_casts", tuple((p.name, p.caster()) for p in self.params))
+
+    def args(self, values: dict[str, Any]) -> tuple:
+        """The launch argument tuple, cast from the spec; every parameter named exactly once."""
+        if len(values) != len(self.params) or any(n not in values for n, _ in self._casts):
+            known = [p.name for p in self.params]
+            raise ShapeError(
+                f"{self.name}: arguments {sorted(set(values) - set(known))} are "
+                f"unknown, {[n for n in known if n not in values]} missing"
+            )
+        return tuple(cast(values[n]) for n, cast in self._casts)
+
+    def __hash__(self) -> int:
+        return hash((self.family.module, self.name))
+
+
+def parse_signature(signature: str) -> tuple[Param, ...]:
+    """'const float* x, long long ldx, int n' -> Params (the last word of each is the name)."""
+    params = []
+    for part in signature.split(","):
+        words = part.replace("*", "* ").split()
+        ctype = " ".join(words[:-1]).replace(" *", "*")
+        if not ctype.endswith("*") and ctype not in _SCALARS:
+            raise ValueError(f"unsupported kernel parameter type {ctype!r} in {part!r}")
+        params.append(Param(words[-1], ctype))
+    return tuple(params)
+
+
+@dataclasses.dataclass(eq=False)
+class Family:
+    """One .cu file: its constants (-D options) and its kernels."""
+
+    module: str
+    defines: dict[str, int] = dataclasses.field(default_factory=dict)
+    specs: dict[str, KernelSpec] = dataclasses.field(default_factory=dict)
+
+    def kernel(self, name: str, signature: str) -> KernelSpec:
+        spec = KernelSpec(self, name, parse_signature(signature))
+        self.specs[name] = spec
+        return spec
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return NVRTC_BASE_OPTIONS + tuple(f"-D{k}={v}" for k, v in sorted(self.defines.items()))
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,17 +165,30 @@ def source(module: str) -> str:
     return _INCLUDE.sub(inline, text)
 
 
-def compile_for_arch(module: str, arch: str) -> bytes:
-    """Compile one module to a cubin for `arch` (e.g. "sm_90") with NVRTC; no GPU needed."""
+def compile_for_arch(
+    module: str, arch: str, options: tuple[str, ...] = NVRTC_BASE_OPTIONS, ptx: bool = False
+) -> bytes:
+    """Compile one module with NVRTC for `arch` ("sm_90": a cubin; with ptx=True the PTX of
+    compute_90); no GPU needed."""
     from cupy_backends.cuda.libs import nvrtc  # imported late: CuPy is an optional extra
 
     prog = nvrtc.createProgram(source(module), f"{module}.cu", [], [])
+    target = arch.replace("sm_", "compute_") if ptx else arch
     try:
         try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *NVRTC_OPTIONS])
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={target}", *options])
         except nvrtc.NVRTCError as exc:
             log = nvrtc.getProgramLog(prog)
             raise KernelCompileError(f"{module}.cu ({arch}): {exc}\n{log}") from None
-        return nvrtc.getCUBIN(prog)
+        return nvrtc.getPTX(prog) if ptx else nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
+
+
+def ptx_entries(ptx: bytes | str) -> dict[str, list[str]]:
+    """Entry name -> its .param types, read from PTX."""
+    text = ptx.decode() if isinstance(ptx, bytes) else ptx
+    return {
+        m.group(1): [p.split()[1] for p in m.group(2).split(",") if p.strip()]
+        for m in _PTX_ENTRY.finditer(text)
+    }

@@ -5,12 +5,14 @@ Per layer the normed+roped K and the raw V, float32 [cap + block_size, n_kv*head
 round's block K/V live transiently. `pos` holds every row's absolute position (the sliding
 window compares positions, not row numbers). Rolling `len` back discards rows.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import checks
 from .config import DflashCfg
 from .errors import CapacityError, ShapeError
 
@@ -19,21 +21,30 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class DflashKv:
-    def __init__(self, e: "Engine", cfg: DflashCfg, cap: int) -> None:
-        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
+    def __init__(self, e: Engine, cfg: DflashCfg, cap: int) -> None:
+        if isinstance(cap, (bool, np.bool_)) or not isinstance(cap, (int, np.integer)) or cap < 0:
             raise CapacityError(f"cap must be a non-negative integer, found {cap!r}")
+        checks.require_runtime(e)
+        if not isinstance(cfg, DflashCfg):
+            raise ShapeError(f"cfg: expected a DflashCfg, found {type(cfg).__name__}")
+        if cap + cfg.block_size > checks.INT32_MAX // max(1, cfg.kv_dim):
+            raise CapacityError(
+                f"cap {cap}: {cap + cfg.block_size} rows of {cfg.kv_dim} "
+                f"values exceed the int32 row offsets of the kernels"
+            )
         self.cfg, self._cap, self._len = cfg, int(cap), 0
-        self.device = e.ordinal
+        self.device, self.stream_ptr = e.ordinal, e.stream.ptr
         rows = self._cap + cfg.block_size
-        self.k = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
-        self.v = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
-        self.pos = e.zeros(rows, np.int32)
-        # A round's [len, block positions...]: read by the kernels on the device, so one
-        # captured CUDA graph of forward_round serves every len.
-        self.round_args = e.zeros(1 + cfg.block_size, np.int32)
+        with e.ordered():
+            self.k = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
+            self.v = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
+            self.pos = e.zeros(rows, np.int32)
+            # A round's [len, block positions...]: read by the kernels on the device, so one
+            # captured CUDA graph of forward_round serves every len.
+            self.round_state = e.zeros(1 + cfg.block_size, np.int32)
 
     @classmethod
-    def new(cls, e: "Engine", cfg: DflashCfg, cap: int) -> "DflashKv":
+    def new(cls, e: Engine, cfg: DflashCfg, cap: int) -> DflashKv:
         return cls(e, cfg, cap)
 
     @property
@@ -47,7 +58,7 @@ class DflashKv:
     @len.setter
     def len(self, value: int) -> None:
         """Roll back to `value` committed rows (discarding the rest); never forward."""
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise ShapeError(f"len must be an integer, found {value!r}")
         if not 0 <= value <= self._len:
             raise CapacityError(f"len can only roll back: {value} not in [0, {self._len}]")
@@ -57,35 +68,32 @@ class DflashKv:
         if self._len + t > self._cap:
             raise CapacityError(f"{what}: {t} rows at len {self._len} exceed cap {self._cap}")
 
-    def stage_round(self, e: "Engine", pos_block: Any, name: str) -> None:
-        """[len, pos_block...] -> round_args, validated first, queued on the current stream."""
-        import cupy as cp
+    def commit(self, t: int) -> None:
+        """The t rows after len were written (ingest_ctx): they become committed."""
+        self.check_room(t, "commit")
+        self._len += t
 
-        b = self.cfg.block_size
-        if isinstance(pos_block, cp.ndarray) or hasattr(pos_block, "__cuda_array_interface__"):
-            src = e.int32_ids(pos_block, name, b)
-            e.copy_from_host(self.round_args[:1], np.array([self._len], np.int32))
-            self.round_args[1:] = src
-            return
-        from .engine import _host_int32
-
-        host = _host_int32(pos_block, name)
-        if host.size != b:
-            raise ShapeError(f"{name}: expected {b} positions, found {host.size}")
-        e.copy_from_host(self.round_args, np.concatenate([[self._len], host]).astype(np.int32))
-
-    def stage_positions(self, e: "Engine", pos: Any, start: int, n: int, name: str) -> None:
+    def write_positions(self, e: Engine, pos: Any, start: int, n: int, name: str) -> None:
         """Positions of rows [start, start+n) -> self.pos, from host ints or a device int32
         array, queued on the current stream (validated before anything is written)."""
-        import cupy as cp
-
-        if isinstance(pos, cp.ndarray) or hasattr(pos, "__cuda_array_interface__"):
-            src = e.int32_ids(pos, name, n)
-            self.pos[start:start + n] = src
+        if checks.is_device_array(pos):
+            src = checks.int32_ids(e, pos, name, n)
+            self.pos[start : start + n] = src
             return
-        from .engine import _host_int32
-
-        host = _host_int32(pos, name)
+        host = checks.host_int32(pos, name)
         if host.size != n:
             raise ShapeError(f"{name}: expected {n} positions, found {host.size}")
-        e.copy_from_host(self.pos[start:start + n], host)
+        e.copy_from_host(self.pos[start : start + n], host)
+
+    def write_round_state(self, e: Engine, pos_block: Any, name: str) -> None:
+        """[len, pos_block...] -> round_state, validated first, queued on the current stream."""
+        b = self.cfg.block_size
+        if checks.is_device_array(pos_block):
+            src = checks.int32_ids(e, pos_block, name, b)
+            e.copy_from_host(self.round_state[:1], np.array([self._len], np.int32))
+            self.round_state[1:] = src
+            return
+        host = checks.host_int32(pos_block, name)
+        if host.size != b:
+            raise ShapeError(f"{name}: expected {b} positions, found {host.size}")
+        e.copy_from_host(self.round_state, np.concatenate([[self._len], host]).astype(np.int32))

@@ -3,6 +3,7 @@ inputs, and a reference drafter holding exactly the weights the GPU multiplies b
 
 Used by the test suite, `tools/load_check.py` and the examples; importing it needs NumPy only.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,9 @@ def rel(got: Any, expect: Any) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def random_inputs(cfg: DflashCfg, ctx: int, rng: np.random.Generator,
-                  start: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def random_inputs(
+    cfg: DflashCfg, ctx: int, rng: np.random.Generator, start: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Taps [ctx, n_taps*hidden], block embeddings [b, hidden] (float32) and the positions
     start .. start+ctx+b-1 of the ctx rows then the block rows (int32)."""
     taps = rng.standard_normal((ctx, cfg.n_taps * cfg.hidden), dtype=np.float32)
@@ -42,7 +44,7 @@ def random_inputs(cfg: DflashCfg, ctx: int, rng: np.random.Generator,
     return taps, noise, pos
 
 
-def reference_for(draft: "DflashDraft", dtype: type = np.float32) -> ReferenceDraft:
+def reference_for(draft: DflashDraft, dtype: Any = np.float32) -> ReferenceDraft:
     """A reference drafter with the GPU drafter's exact weights (quantization included)."""
     return ReferenceDraft(draft.cfg, draft.reference_weights(), dtype)
 
@@ -51,26 +53,37 @@ def reference_for(draft: "DflashDraft", dtype: type = np.float32) -> ReferenceDr
 class PathReport:
     """What `check_paths` measured: the error of each path against the reference and whether
     the paths that share kernels agreed bit for bit."""
+
     ctx: int
-    forward: float                # rel error of forward (taps -> block hidden)
-    ctx_features: float           # rel error of ctx_features
-    round_one_ingest: float       # ingest_ctx in one call + forward_round
-    round_many_ingests: float     # ingest_ctx in many small calls + forward_round
-    block_equals_forward: bool    # forward_block == forward, bit for bit
-    rounds_equal_block: bool      # both rounds == forward_block, bit for bit
-    tokens_equal: bool | None     # draft_tokens == the reference's on the GPU hidden
+    forward: float  # rel error of forward (taps -> block hidden)
+    ctx_features: float  # rel error of ctx_features
+    round_one_ingest: float  # ingest_ctx in one call + forward_round
+    round_many_ingests: float  # ingest_ctx in many small calls + forward_round
+    block_equals_forward: bool  # forward_block == forward, bit for bit
+    rounds_equal_block: bool  # both rounds == forward_block, bit for bit
+    tokens_equal: bool | None  # draft_tokens == the reference's on the GPU hidden
 
     def worst(self) -> float:
-        return max(self.forward, self.ctx_features, self.round_one_ingest,
-                   self.round_many_ingests)
+        return max(self.forward, self.ctx_features, self.round_one_ingest, self.round_many_ingests)
 
     def ok(self, tol: float) -> bool:
-        return (self.worst() < tol and self.block_equals_forward and self.rounds_equal_block
-                and self.tokens_equal is not False)
+        return (
+            self.worst() < tol
+            and self.block_equals_forward
+            and self.rounds_equal_block
+            and self.tokens_equal is not False
+        )
 
 
-def check_paths(e: Any, draft: "DflashDraft", ref: ReferenceDraft, ctx: int,
-                rng: np.random.Generator, *, vocab: int | None = 1000) -> PathReport:
+def check_paths(
+    e: Any,
+    draft: DflashDraft,
+    ref: ReferenceDraft,
+    ctx: int,
+    rng: np.random.Generator,
+    *,
+    vocab: int | None = 1000,
+) -> PathReport:
     """Run every entry point the way a user does (CuPy inputs made on the current stream and
     dropped after the call, results read with cp.asnumpy) and compare with the reference:
     forward, ctx_features, forward_block, ingest (one call, and many small calls of random
@@ -83,7 +96,7 @@ def check_paths(e: Any, draft: "DflashDraft", ref: ReferenceDraft, ctx: int,
     cfg = draft.cfg
     taps, noise, pos = random_inputs(cfg, ctx, rng, start=int(rng.integers(0, 1000)))
     feats_ref = ref.ctx_features(taps, ctx)
-    expect = ref.forward_block(feats_ref, noise, pos, ctx)    # = ref.forward, features once
+    expect = ref.forward_block(feats_ref, noise, pos, ctx)  # = ref.forward, features once
     full = cp.asnumpy(draft.forward(e, cp.asarray(taps), cp.asarray(noise), pos, ctx))
     feats = draft.ctx_features(e, cp.asarray(taps), ctx)
     feats_err = rel(cp.asnumpy(feats), feats_ref)
@@ -96,7 +109,7 @@ def check_paths(e: Any, draft: "DflashDraft", ref: ReferenceDraft, ctx: int,
     r0 = 0
     while r0 < ctx:
         n = min(ctx - r0, int(rng.integers(1, 98)))
-        draft.ingest_ctx(e, many, feats[r0:r0 + n], cp.asarray(pos[r0:r0 + n]), n)
+        draft.ingest_ctx(e, many, feats[r0 : r0 + n], cp.asarray(pos[r0 : r0 + n]), n)
         r0 += n
     rnd_many = cp.asnumpy(draft.forward_round(e, many, cp.asarray(noise), pos[ctx:]))
 
@@ -105,13 +118,23 @@ def check_paths(e: Any, draft: "DflashDraft", ref: ReferenceDraft, ctx: int,
         vocab = cfg.vocab_size
     if vocab:
         lm = rng.standard_normal((vocab, cfg.hidden), dtype=np.float32) / np.float32(
-            np.sqrt(cfg.hidden))
+            np.sqrt(cfg.hidden)
+        )
         last = int(rng.integers(0, vocab))
         got = cp.asnumpy(draft.draft_tokens(e, cp.asarray(rnd_one), cp.asarray(lm), last))
-        plain = ReferenceDraft(dataclasses.replace(cfg, confidence_head=False,
-                                                   confidence_with_markov=False), ref.w, ref.dtype)
+        plain = ReferenceDraft(
+            dataclasses.replace(cfg, confidence_head=False, confidence_with_markov=False),
+            ref.w,
+            ref.dtype.type,
+        )
         tokens_equal = bool(np.array_equal(got, plain.draft_tokens(rnd_one, lm, last)))
-    return PathReport(ctx, rel(full, expect), feats_err, rel(rnd_one, expect),
-                      rel(rnd_many, expect), bool(np.array_equal(block, full)),
-                      bool(np.array_equal(rnd_one, block) and np.array_equal(rnd_many, block)),
-                      tokens_equal)
+    return PathReport(
+        ctx,
+        rel(full, expect),
+        feats_err,
+        rel(rnd_one, expect),
+        rel(rnd_many, expect),
+        bool(np.array_equal(block, full)),
+        bool(np.array_equal(rnd_one, block) and np.array_equal(rnd_many, block)),
+        tokens_equal,
+    )

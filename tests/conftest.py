@@ -1,4 +1,5 @@
 """Shared test setup: make the repository root importable (for `tools.make_checkpoint`)."""
+
 import os
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 @pytest.fixture(scope="session")
 def engine():
     """The GPU engine, or a skip with the reason when this machine has no CUDA device."""
-    from pydflash.engine import cuda_available
+    from pydflash.runtime import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA device (or CuPy) on this machine: GPU test skipped")
@@ -32,8 +33,19 @@ def rng(request):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "scale: GPU tests at the public geometries and ctx in the "
-                            "thousands (tools/gpu_suite.sh runs them: pytest -m scale)")
+    config.addinivalue_line(
+        "markers",
+        "scale: GPU tests at the public geometries and ctx in the "
+        "thousands (tools/gpu_suite.sh runs them: pytest -m scale)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "slow: CPU checks that take long (every NVRTC target); CI runs them: pytest -m slow",
+    )
+    config.addinivalue_line(
+        "markers",
+        "fuzz: the long fuzz tier (thousands of cases per target); CI runs it: pytest -m fuzz",
+    )
 
 
 _PRESET_CACHE: dict = {}
@@ -44,15 +56,22 @@ def preset_checkpoint(tmp_path_factory):
     """preset_checkpoint(name, **overrides) -> a synthetic checkpoint dir, built once a session."""
     from tools.make_checkpoint import make_checkpoint
 
-    shared = os.environ.get("PYDFLASH_CKPT_CACHE")   # tools/gpu_suite.sh: built once a run
+    shared = os.environ.get("PYDFLASH_CKPT_CACHE")  # tools/gpu_suite.sh: built once a run
 
     def build(name, seed=1, **overrides):
         key = (name, seed, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
-        if shared and not overrides and seed == 1 and (Path(shared) / name / "config.json").is_file():
+        if (
+            shared
+            and not overrides
+            and seed == 1
+            and (Path(shared) / name / "config.json").is_file()
+        ):
             return Path(shared) / name
         if key not in _PRESET_CACHE:
             path = tmp_path_factory.mktemp(name.replace(".", "_"))
-            _PRESET_CACHE[key] = make_checkpoint(path / "ckpt", name, overrides=overrides or None,
-                                                 seed=seed)
+            _PRESET_CACHE[key] = make_checkpoint(
+                path / "ckpt", name, overrides=overrides or None, seed=seed
+            )
         return _PRESET_CACHE[key]
+
     return build

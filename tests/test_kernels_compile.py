@@ -1,26 +1,82 @@
-"""Every cuda_src module compiles with NVRTC for every target architecture (no GPU needed)."""
+"""Every kernel family compiles with NVRTC (no GPU needed), and every typed kernel spec matches
+its entry point's PTX signature: the host casts exactly the arguments the kernel takes.
+
+By default each family is compiled for sm_90 (the cubin) and its PTX is checked; the `slow`
+mark compiles every family for sm_80, sm_89, sm_90 and sm_120 (CI runs it)."""
+
 import pytest
 
-from pydflash import kernels
-from pydflash.errors import KernelCompileError
+from pydflash import kernels, ops
+from pydflash.errors import KernelCompileError, ShapeError
 
 ARCHS = ("sm_80", "sm_89", "sm_90", "sm_120")
+FAMILIES = {f.module: f for f in ops.FAMILIES}
 
-nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc",
-                            reason="CuPy (with NVRTC) is needed for the compile check")
+nvrtc = pytest.importorskip(
+    "cupy_backends.cuda.libs.nvrtc", reason="CuPy (with NVRTC) is needed for the compile check"
+)
 
 
-def test_every_cu_file_is_a_listed_module():
+def test_every_cu_file_is_a_family():
     on_disk = {p.stem for p in kernels.source_dir().glob("*.cu")}
-    assert on_disk == set(kernels.MODULES)
+    assert on_disk == set(FAMILIES)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("module", kernels.MODULES)
-def test_module_compiles(module, arch):
-    cubin = kernels.compile_for_arch(module, arch)
-    assert cubin[:4] == b"\x7fELF"           # a real device ELF image
-    assert len(cubin) > 1000
+@pytest.mark.parametrize("module", sorted(FAMILIES))
+def test_specs_match_the_ptx_signatures(module):
+    fam = FAMILIES[module]
+    entries = kernels.ptx_entries(kernels.compile_for_arch(module, "sm_90", fam.options, ptx=True))
+    assert set(entries) == set(fam.specs), "kernels without a spec, or specs without a kernel"
+    for name, spec in fam.specs.items():
+        assert entries[name] == [p.ptx_type for p in spec.params], name
+
+
+@pytest.mark.parametrize("module", sorted(FAMILIES))
+def test_family_compiles_for_sm_90(module):
+    cubin = kernels.compile_for_arch(module, "sm_90", FAMILIES[module].options)
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000  # a real device ELF image
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "sm_90"])
+@pytest.mark.parametrize("module", sorted(FAMILIES))
+def test_family_compiles_for_every_target(module, arch):
+    cubin = kernels.compile_for_arch(module, arch, FAMILIES[module].options)
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+
+
+@pytest.mark.parametrize("module", sorted(m for m, f in FAMILIES.items() if f.defines))
+def test_constants_must_come_from_the_host(module):
+    with pytest.raises(KernelCompileError, match=sorted(FAMILIES[module].defines)[0]):
+        kernels.compile_for_arch(module, "sm_90", kernels.NVRTC_BASE_OPTIONS, ptx=True)
+
+
+def test_spec_casts_arguments_and_refuses_wrong_names():
+    import numpy as np
+
+    spec = ops.norm.RESIDUAL_RMS_NORM
+    args = dict(
+        part=None,
+        n_split=3,
+        split_stride=7,
+        resid_in=None,
+        resid_out=None,
+        bias=None,
+        w=None,
+        out=None,
+        n=4096,
+        eps=1e-6,
+    )
+    cast = spec.args(args)
+    assert cast[0] == 0 and isinstance(cast[0], np.uintp)  # None -> a null pointer
+    assert isinstance(cast[1], np.int32) and isinstance(cast[2], np.int64)
+    assert isinstance(cast[9], np.float32) and cast[8] == 4096
+    with pytest.raises(ShapeError, match=r"\['typo'\] are unknown, \['eps'\] missing"):
+        spec.args({**{k: v for k, v in args.items() if k != "eps"}, "typo": 1})
+    with pytest.raises(ShapeError, match="part: expected a device array"):
+        spec.args({**args, "part": [1, 2]})
+    with pytest.raises(ShapeError, match="n_split: expected a number"):
+        spec.args({**args, "n_split": True})
 
 
 def test_include_is_inlined_once():

@@ -1,32 +1,54 @@
 """`pip install .` ships the kernel sources and the installed package finds them."""
+
 import subprocess
 import sys
 import zipfile
 
 import pytest
 
-from pydflash import kernels
+from pydflash import kernels, ops
 
 
 def test_wheel_ships_cuda_sources_and_finds_them(tmp_path):
     root = kernels.source_dir().parent
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                            "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(root)],
-                           capture_output=True, text=True, cwd=tmp_path)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     if build.returncode != 0:
         pytest.fail(f"pip wheel failed:\n{build.stdout}\n{build.stderr}")
     wheel = next((tmp_path / "dist").glob("pydflash-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in kernels.MODULES:
+    for module in (f.module for f in ops.FAMILIES):
         assert f"pydflash/cuda_src/{module}.cu" in names
     assert "pydflash/cuda_src/common.cuh" in names
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)
-    out = subprocess.run([sys.executable, "-c",
-                          "from pydflash import kernels; print(kernels.source_dir()); "
-                          "print(len(kernels.source('linear')))"],
-                         capture_output=True, text=True, cwd=tmp_path,
-                         env={"PYTHONPATH": str(target), "PATH": ""})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from pydflash import kernels; print(kernels.source_dir()); "
+            "print(len(kernels.source('linear')))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target), "PATH": ""},
+    )
     assert out.returncode == 0, out.stderr
     where, size = out.stdout.split()
     assert where == str(target / "pydflash" / "cuda_src") and int(size) > 1000

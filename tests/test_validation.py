@@ -1,20 +1,39 @@
 """Argument validation of the GPU API that happens before any device work: checked here on the
 CPU (the GPU suite checks the rest on the device, including that state is left intact)."""
+
 import numpy as np
 import pytest
 
 from pydflash import DflashCfg
-from pydflash.draft import PRECISIONS, DflashDraft, _check_len, _count, precision_bytes
-from pydflash.engine import Engine, _check_attention_geometry, _host_int32, cuda_available, on_stream
-from pydflash.errors import (CapacityError, CheckpointError, DeviceError, QuantizationError,
-                             ShapeError)
+from pydflash.checks import check_len, count, host_int32
+from pydflash.draft import DflashDraft
+from pydflash.engine import Engine, check_attention_geometry
+from pydflash.errors import (
+    CapacityError,
+    CheckpointError,
+    DeviceError,
+    QuantizationError,
+    ShapeError,
+)
 from pydflash.kv import DflashKv
+from pydflash.runtime import cuda_available, ordered
 from pydflash.tensor import GpuTensor
+from pydflash.weights import PRECISIONS, precision_bytes
 from tools.make_checkpoint import PRESETS, make_checkpoint
 
-QWEN8B = DflashCfg(hidden=4096, n_head=32, n_kv=8, head_dim=128, n_ff=12288, n_layer=5, eps=1e-6,
-                   rope_theta=1e6, block_size=16, mask_token_id=151669,
-                   target_layer_ids=(1, 9, 17, 25, 33))
+QWEN8B = DflashCfg(
+    hidden=4096,
+    n_head=32,
+    n_kv=8,
+    head_dim=128,
+    n_ff=12288,
+    n_layer=5,
+    eps=1e-6,
+    rope_theta=1e6,
+    block_size=16,
+    mask_token_id=151669,
+    target_layer_ids=(1, 9, 17, 25, 33),
+)
 
 
 @pytest.mark.skipif(cuda_available(), reason="this machine has a CUDA device")
@@ -31,6 +50,8 @@ def test_load_checks_precision_and_checkpoint_before_the_engine(tmp_path):
     ckpt = make_checkpoint(tmp_path / "c", "tiny")
     with pytest.raises(ShapeError, match="e: expected an Engine"):
         DflashDraft.load(None, ckpt, "q8_0")
+    with pytest.raises(ShapeError, match="e: expected an Engine, found str"):
+        DflashDraft.load("engine", ckpt, "bf16")
 
 
 @pytest.mark.parametrize("cap", [-1, True, 2.5, "8"])
@@ -39,29 +60,42 @@ def test_kv_capacity_must_be_a_count(cap):
         DflashKv(None, QWEN8B, cap)
 
 
-@pytest.mark.parametrize("values,match", [([0, -1], "values must lie"), ([1.5, 2.0], "integers"),
-                                          ([2**31], "values must lie")])
+def test_gpu_classes_need_an_engine():
+    with pytest.raises(ShapeError, match="e: expected an Engine, found NoneType"):
+        DflashKv(None, QWEN8B, 8)
+    with pytest.raises(ShapeError, match="e: expected an Engine, found NoneType"):
+        GpuTensor.from_host(None, np.ones((32, 64), np.float32), "bf16")
+    with pytest.raises(ShapeError, match="e: expected an Engine, found NoneType"):
+        GpuTensor.wrap(None, np.ones((32, 64), np.float32))
+
+
+@pytest.mark.parametrize(
+    "values,match",
+    [([0, -1], "values must lie"), ([1.5, 2.0], "integers"), ([2**31], "values must lie")],
+)
 def test_positions_are_int32_range_integers(values, match):
     with pytest.raises(ShapeError, match=match):
-        _host_int32(values, "pos")
-    np.testing.assert_array_equal(_host_int32(np.arange(5, dtype=np.int64), "pos"), np.arange(5))
+        host_int32(values, "pos")
+    np.testing.assert_array_equal(host_int32(np.arange(5, dtype=np.int64), "pos"), np.arange(5))
 
 
 def test_counts_and_lengths():
     for bad in (-1, 1.0, True, None):
         with pytest.raises(ShapeError, match="t must be a non-negative integer"):
-            _count(bad, "t")
-    assert _count(np.int64(7), "t") == 7
+            count(bad, "t")
+    assert count(np.int64(7), "t") == 7
     with pytest.raises(ShapeError, match="pos: expected 20 positions, found 19"):
-        _check_len(list(range(19)), "pos", 20)
-    _check_len(np.arange(20), "pos", 20)
+        check_len(list(range(19)), "pos", 20)
+    check_len(np.arange(20), "pos", 20)
 
 
-@pytest.mark.parametrize("n_head,n_kv,hd,match", [(32, 8, 48, "head_dim"), (32, 5, 128, "divide"),
-                                                  (32, 8, 512, "head_dim")])
+@pytest.mark.parametrize(
+    "n_head,n_kv,hd,match",
+    [(32, 8, 48, "head_dim"), (32, 5, 128, "divide"), (32, 8, 512, "head_dim")],
+)
 def test_attention_geometry(n_head, n_kv, hd, match):
     with pytest.raises(ShapeError, match=match):
-        _check_attention_geometry(n_head, n_kv, hd)
+        check_attention_geometry(n_head, n_kv, hd)
 
 
 def test_weight_checks_come_before_the_device():
@@ -74,7 +108,7 @@ def test_weight_checks_come_before_the_device():
 
 
 def test_entry_points_need_an_engine():
-    @on_stream
+    @ordered
     def entry(self, e):
         return e
 
@@ -90,7 +124,7 @@ def test_precision_bytes_match_the_spec_geometry():
     fc = 2 * 4096 * 5 * 4096
     assert total == per_round + fc + 4 * (5 * (2 * 4096 + 2 * 128) + 2 * 4096)
     q8, q8_round = precision_bytes(QWEN8B, "q8_0")
-    assert q8_round == per_round // 64 * 34             # 34 bytes per 32 weights vs 64
+    assert q8_round == per_round // 64 * 34  # 34 bytes per 32 weights vs 64
     _, mixed_round = precision_bytes(QWEN8B, "mixed")
     attn = 2 * 5 * 4096 * (4096 + 2 * 1024 + 4096)
     assert mixed_round == attn + (per_round - attn) // 64 * 34

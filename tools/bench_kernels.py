@@ -7,6 +7,7 @@ fused residual+norm kernel (each timed as GPU time of graph-captured back-to-bac
 one forward_round both as GPU time (CUDA events) and as host issue time (how long Python takes
 to queue it), to tell launch-bound from GPU-bound.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.bench_round import copy_bandwidth, timed  # noqa: E402
 from tools.make_checkpoint import PRESETS  # noqa: E402
 
-INNER = 20   # launches captured in one CUDA graph: host launch costs stay out of the time
+INNER = 20  # launches captured in one CUDA graph: host launch costs stay out of the time
 
 
 def timed_inner(cp, stream, fn, repeats: int) -> float:
     """Median GPU milliseconds of one fn(): INNER calls captured in a CUDA graph, replayed."""
-    fn()                                   # compile, set attributes, warm up
+    fn()  # compile, set attributes, warm up
     stream.begin_capture()
     try:
         for _ in range(INNER):
@@ -48,17 +49,29 @@ def main(argv: list[str] | None = None) -> int:
 
     from pydflash import Engine, GpuTensor
     from pydflash.config import DflashCfg
-    from pydflash.engine import AttentionScratch
+    from pydflash.ops import attention, linear, norm
 
     e = Engine(0)
     bw = copy_bandwidth(cp, e.stream)
     g = PRESETS[args.preset]
-    cfg = DflashCfg(hidden=g["hidden"], n_head=g["n_head"], n_kv=g["n_kv"], head_dim=g["head_dim"],
-                    n_ff=g["n_ff"], n_layer=1, eps=1e-6, rope_theta=1e6,
-                    block_size=g["block_size"], mask_token_id=0, target_layer_ids=(1,))
+    cfg = DflashCfg(
+        hidden=g["hidden"],
+        n_head=g["n_head"],
+        n_kv=g["n_kv"],
+        head_dim=g["head_dim"],
+        n_ff=g["n_ff"],
+        n_layer=1,
+        eps=1e-6,
+        rope_theta=1e6,
+        block_size=g["block_size"],
+        mask_token_id=0,
+        target_layer_ids=(1,),
+    )
     b, h, rng = cfg.block_size, cfg.hidden, np.random.default_rng()
-    print(f"device {e.name}, copy bandwidth {bw / 1e12:.3f} TB/s; {args.preset} geometry, "
-          f"M = {b} tokens, ctx {args.ctx}")
+    print(
+        f"device {e.name}, copy bandwidth {bw / 1e12:.3f} TB/s; {args.preset} geometry, "
+        f"M = {b} tokens, ctx {args.ctx}"
+    )
     print(f"{'kernel':34s} {'median us':>10s} {'floor us':>9s} {'ratio':>6s} {'GB/s':>7s}")
 
     def row(name: str, us: float, nbytes: int) -> None:
@@ -66,24 +79,43 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:34s} {us:10.1f} {floor:9.1f} {us / floor:6.2f} {nbytes / us / 1e3:7.0f}")
 
     def bits(n: int, k: int):
-        return cp.asarray(rng.integers(0x3c00, 0x3d00, (n, k), dtype=np.uint16)
-                          ^ (rng.integers(0, 2, (n, 1), dtype=np.uint16) << 15))
+        return cp.asarray(
+            rng.integers(0x3C00, 0x3D00, (n, k), dtype=np.uint16)
+            ^ (rng.integers(0, 2, (n, 1), dtype=np.uint16) << 15)
+        )
 
     with e.device, e.stream:
         for precision in args.precision:
-            shapes = {"qkv": (cfg.q_dim + 2 * cfg.kv_dim, h, "store"), "o": (h, cfg.q_dim, "add"),
-                      "gate_up": (2 * cfg.n_ff, h, "silu_mul"), "down": (h, cfg.n_ff, "add"),
-                      "lm_head(15 rows)": (151936, h, "store")}
+            shapes = {
+                "qkv": (cfg.q_dim + 2 * cfg.kv_dim, h, "store"),
+                "o": (h, cfg.q_dim, "add"),
+                "gate_up": (2 * cfg.n_ff, h, "silu_mul"),
+                "down": (h, cfg.n_ff, "add"),
+                "lm_head(15 rows)": (151936, h, "store"),
+            }
             for name, (n, k, epi) in shapes.items():
                 fmt = "bf16" if name.startswith("lm_head") else precision
                 w = GpuTensor.from_bf16_bits(e, bits(n, k), fmt)
                 m = 15 if name.startswith("lm_head") else b
                 x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32))
-                ks = 1 if epi == "silu_mul" else e.k_splits(w)
+                ks = 1 if epi == "silu_mul" else linear.k_splits(e, w)
                 out = cp.empty((ks, m, n // 2 if epi == "silu_mul" else n), np.float32)
-                ms = timed_inner(cp, e.stream, lambda: e.linear(w, x, m, out, "store" if ks > 1 else epi,
-                                                               out[0] if epi == "add" else None,
-                                                               ks, m * n), args.repeats)
+                ms = timed_inner(
+                    cp,
+                    e.stream,
+                    lambda: linear.project(
+                        e,
+                        w,
+                        x,
+                        m,
+                        out,
+                        "store" if ks > 1 else epi,
+                        out[0] if epi == "add" else None,
+                        ks,
+                        m * n,
+                    ),
+                    args.repeats,
+                )
                 row(f"linear {fmt} {name} [{n}x{k}] ks{ks}", ms * 1e3, w.nbytes)
                 del w
 
@@ -92,30 +124,69 @@ def main(argv: list[str] | None = None) -> int:
         k = cp.asarray(rng.standard_normal((n_keys, cfg.kv_dim), dtype=np.float32))
         v = cp.asarray(rng.standard_normal((n_keys, cfg.kv_dim), dtype=np.float32))
         pos = cp.arange(n_keys, dtype=np.int32)
-        att = AttentionScratch(e, cfg.n_head, cfg.n_kv, b, cfg.head_dim)
+        att = attention.Scratch(e, cfg.n_head, cfg.n_kv, b, cfg.head_dim)
         out = cp.empty((b, cfg.q_dim), np.float32)
         for exact in (True, False):
             for window in (0, 1024):
-                ms = timed_inner(cp, e.stream, lambda: e.attention_into(
-                    q, k, v, pos[args.ctx:], pos, b, n_keys, cfg.n_head, cfg.n_kv, cfg.head_dim,
-                    window, out, att, exact=exact), args.repeats)
+                ms = timed_inner(
+                    cp,
+                    e.stream,
+                    lambda: attention.attend(
+                        e,
+                        q,
+                        k,
+                        v,
+                        pos[args.ctx :],
+                        pos,
+                        b,
+                        n_keys,
+                        cfg.n_head,
+                        cfg.n_kv,
+                        cfg.head_dim,
+                        window,
+                        out,
+                        att,
+                        exact=exact,
+                    ),
+                    args.repeats,
+                )
                 kind = "f32 FFMA" if exact else "tensor core"
-                row(f"attention {kind} {n_keys} keys" + (f" w{window}" if window else ""),
-                    ms * 1e3, 2 * k.nbytes)
+                row(
+                    f"attention {kind} {n_keys} keys" + (f" w{window}" if window else ""),
+                    ms * 1e3,
+                    2 * k.nbytes,
+                )
 
         x = cp.asarray(rng.standard_normal((b, h), dtype=np.float32))
         w = cp.ones(h, np.float32)
         y = cp.empty_like(x)
         part = cp.asarray(rng.standard_normal((4, b, h), dtype=np.float32))
-        ms = timed_inner(cp, e.stream, lambda: e.reduce_rms_norm(part, 4, b * h, x, x, w, y, b,
-                                                                 h, 1e-6), args.repeats)
-        row("reduce_rms_norm (4 partials)", ms * 1e3, 2 * x.nbytes + part.nbytes)
+        ms = timed_inner(
+            cp,
+            e.stream,
+            lambda: norm.residual_rms_norm(
+                e,
+                y,
+                w,
+                b,
+                h,
+                1e-6,
+                resid_in=x,
+                part=part,
+                n_split=4,
+                split_stride=b * h,
+                resid_out=x,
+            ),
+            args.repeats,
+        )
+        row("residual_rms_norm (4 partials)", ms * 1e3, 2 * x.nbytes + part.nbytes)
 
     # one whole round: GPU time and host issue time
     import tempfile
 
     from pydflash import DflashDraft, DflashKv
     from tools.make_checkpoint import make_checkpoint
+
     with tempfile.TemporaryDirectory() as tmp:
         d = DflashDraft.load(e, make_checkpoint(Path(tmp) / "c", args.preset), args.precision[0])
     kv = DflashKv(e, d.cfg, args.ctx)

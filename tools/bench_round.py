@@ -7,6 +7,7 @@ For each precision: forward_round at ctx, ingest_ctx of 1 and of 4096 rows, draf
 synthetic bf16 lm_head of the target's vocabulary. Each median sits beside its floor = bytes the
 op must read / the device-to-device copy bandwidth measured in the same run, and the ratio.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pydflash.draft import PRECISIONS  # noqa: E402
+from pydflash.weights import PRECISIONS  # noqa: E402
 from tools.make_checkpoint import PRESETS, make_checkpoint  # noqa: E402
 
 
@@ -45,8 +46,9 @@ def copy_bandwidth(cp, stream, nbytes: int = 2 << 30) -> float:
         src = cp.empty(nbytes // 4, np.float32)
         src.fill(1.0)
         dst = cp.empty_like(src)
-    ms = timed(cp, stream, lambda: dst.data.copy_from_device_async(src.data, nbytes, stream),
-               repeats=20)
+    ms = timed(
+        cp, stream, lambda: dst.data.copy_from_device_async(src.data, nbytes, stream), repeats=20
+    )
     return 2 * nbytes / (ms * 1e-3)
 
 
@@ -75,21 +77,33 @@ def ordering_cost(cp, e, round_fn) -> None:
     def fences():
         with e.ordered():
             pass
+
     alone = host_us_per_call(cp, fences, calls=200)
-    print(f"ordering     forward_round host time per call: {own:.1f} us on the engine stream, "
-          f"{default:.1f} us from the default stream (+{default - own:.1f} us); "
-          f"the two waits alone {alone:.1f} us")
+    print(
+        f"ordering     forward_round host time per call: {own:.1f} us on the engine stream, "
+        f"{default:.1f} us from the default stream (+{default - own:.1f} us); "
+        f"the two waits alone {alone:.1f} us"
+    )
 
 
 def synthetic_lm_head(cp, vocab: int, hidden: int):
     """A [vocab, hidden] bf16-bits lm_head with values of about +-0.01, made on the device."""
-    bits = cp.random.randint(0x3c00, 0x3d00, (vocab, hidden), dtype=np.int32).astype(np.uint16)
+    bits = cp.random.randint(0x3C00, 0x3D00, (vocab, hidden), dtype=np.int32).astype(np.uint16)
     sign = (cp.random.randint(0, 2, (vocab, 1), dtype=np.int32) << 15).astype(np.uint16)
     return bits ^ sign
 
 
-def bench_precision(cp, e, ckpt: Path, label: str, precision: str, ctx_arg: int, rounds: int,
-                    rng: np.random.Generator, lm_bits) -> list[tuple]:
+def bench_precision(
+    cp,
+    e,
+    ckpt: Path,
+    label: str,
+    precision: str,
+    ctx_arg: int,
+    rounds: int,
+    rng: np.random.Generator,
+    lm_bits,
+) -> list[tuple]:
     """(label, precision, op, median ms, weight bytes, extra bytes) rows for one precision."""
     from pydflash import DflashDraft, DflashKv
 
@@ -109,10 +123,10 @@ def bench_precision(cp, e, ckpt: Path, label: str, precision: str, ctx_arg: int,
     out = e.empty((b, c.hidden))
 
     kv_bytes = 2 * 4 * (ctx + b) * c.kv_dim * c.n_layer
-    t_round = timed(cp, e.stream, lambda: d.forward_round(e, kv, noise, pos_block, out=out),
-                    rounds, warmup=20)
-    rows.append((label, precision, f"forward_round ctx {ctx}", t_round, d.weight_bytes,
-                 kv_bytes))
+    t_round = timed(
+        cp, e.stream, lambda: d.forward_round(e, kv, noise, pos_block, out=out), rounds, warmup=20
+    )
+    rows.append((label, precision, f"forward_round ctx {ctx}", t_round, d.weight_bytes, kv_bytes))
 
     if precision == "bf16":
         ordering_cost(cp, e, lambda: d.forward_round(e, kv, noise, pos_block, out=out))
@@ -121,26 +135,40 @@ def bench_precision(cp, e, ckpt: Path, label: str, precision: str, ctx_arg: int,
 
     def roll_back(n=ctx):
         kv.len = n
-    t_in1 = timed(cp, e.stream, lambda: d.ingest_ctx(e, kv, feats[:1], [ctx], 1),
-                  rounds, setup=roll_back)
+
+    t_in1 = timed(
+        cp, e.stream, lambda: d.ingest_ctx(e, kv, feats[:1], [ctx], 1), rounds, setup=roll_back
+    )
     rows.append((label, precision, "ingest_ctx 1 row", t_in1, kv_w, 0))
-    t_in4k = timed(cp, e.stream,
-                   lambda: d.ingest_ctx(e, kv, feats[:4096], np.arange(4096), 4096),
-                   max(5, rounds // 20), setup=lambda: roll_back(0))
-    rows.append((label, precision, "ingest_ctx 4096 rows", t_in4k, kv_w,
-                 2 * 4 * 4096 * c.kv_dim * c.n_layer + 4096 * c.hidden * 4))
+    t_in4k = timed(
+        cp,
+        e.stream,
+        lambda: d.ingest_ctx(e, kv, feats[:4096], np.arange(4096), 4096),
+        max(5, rounds // 20),
+        setup=lambda: roll_back(0),
+    )
+    rows.append(
+        (
+            label,
+            precision,
+            "ingest_ctx 4096 rows",
+            t_in4k,
+            kv_w,
+            2 * 4 * 4096 * c.kv_dim * c.n_layer + 4096 * c.hidden * 4,
+        )
+    )
     roll_back(ctx)
 
     vocab = lm_bits.shape[0]
     hidden = d.forward_round(e, kv, noise, pos_block)
-    t_draft = timed(cp, e.stream, lambda: d.draft_tokens(e, hidden, lm_bits, 1),
-                    max(10, rounds // 4))
+    t_draft = timed(
+        cp, e.stream, lambda: d.draft_tokens(e, hidden, lm_bits, 1), max(10, rounds // 4)
+    )
     draft_bytes = lm_bits.nbytes
     if d.markov is not None:
         draft_bytes += len(c.draft_rows()) * d.markov.w2.nbytes
     rows.append((label, precision, f"draft_tokens V={vocab}", t_draft, draft_bytes, 0))
-    print(f"loaded {precision} in {load_s:.2f} s; layer weights "
-          f"{d.weight_bytes / 1e9:.3f} GB")
+    print(f"loaded {precision} in {load_s:.2f} s; layer weights {d.weight_bytes / 1e9:.3f} GB")
     return rows
 
 
@@ -168,22 +196,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checkpoint {label} ready in {time.perf_counter() - t0:.1f} s")
         rng = np.random.default_rng()
         from pydflash import Checkpoint
+
         cfg = Checkpoint.open(ckpt).cfg
         with e.device, e.stream:
             lm_bits = synthetic_lm_head(cp, cfg.vocab_size or 151936, cfg.hidden)
         for precision in args.precision:
-            rows += bench_precision(cp, e, ckpt, label, precision, args.ctx, args.rounds, rng,
-                                    lm_bits)
+            rows += bench_precision(
+                cp, e, ckpt, label, precision, args.ctx, args.rounds, rng, lm_bits
+            )
             cp.get_default_memory_pool().free_all_blocks()
 
     # floor = weight bytes / bandwidth (the issue's definition); the last columns add the
     # activation/KV bytes the op must also read.
-    print(f"\n{'checkpoint':16s} {'prec':5s} {'op':24s} {'median ms':>9s} {'floor ms':>9s} "
-          f"{'ratio':>6s} {'floor+KV ms':>11s} {'ratio':>6s}  weight GB")
+    print(
+        f"\n{'checkpoint':16s} {'prec':5s} {'op':24s} {'median ms':>9s} {'floor ms':>9s} "
+        f"{'ratio':>6s} {'floor+KV ms':>11s} {'ratio':>6s}  weight GB"
+    )
     for label, prec, op, ms, wbytes, extra in rows:
         floor, floor_all = wbytes / bw * 1e3, (wbytes + extra) / bw * 1e3
-        print(f"{label:16s} {prec:5s} {op:24s} {ms:9.3f} {floor:9.3f} {ms / floor:6.2f} "
-              f"{floor_all:11.3f} {ms / floor_all:6.2f}  {wbytes / 1e9:.3f}")
+        print(
+            f"{label:16s} {prec:5s} {op:24s} {ms:9.3f} {floor:9.3f} {ms / floor:6.2f} "
+            f"{floor_all:11.3f} {ms / floor_all:6.2f}  {wbytes / 1e9:.3f}"
+        )
     return 0
 
 

@@ -1,8 +1,9 @@
 """pytest plugin for tools/prove_stream_tests.sh only: removes the stream ordering (the
 pre-contract behaviour: entry points queue on the engine stream and nothing waits)."""
+
 import contextlib
 
-from pydflash.engine import Engine
+from pydflash.runtime import Runtime
 
 
 @contextlib.contextmanager
@@ -11,4 +12,4 @@ def _unordered(self):
         yield
 
 
-Engine.ordered = _unordered
+Runtime.ordered = _unordered

@@ -1,0 +1,9 @@
+"""One module per kernel family (cuda_src/<family>.cu): its compile-time constants, its kernel
+specs and its launchers. Launchers are unchecked (callers validated shapes); they queue on the
+current stream, which every entry point makes the runtime's."""
+
+from . import attention, elementwise, linear, markov, norm, qkv_rope, quant, sampling
+
+FAMILIES = tuple(
+    m.FAMILY for m in (linear, attention, norm, qkv_rope, elementwise, sampling, markov, quant)
+)

@@ -1,0 +1,89 @@
+"""elementwise.cu: grid-stride elementwise kernels, row gathers, the logit soft-cap and the
+round's block positions scattered into the KV position table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..kernels import Family
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
+
+THREADS = 256
+
+FAMILY = Family("elementwise")
+ADD = FAMILY.kernel("add_f32", "const float* a, const float* b, float* out, long long n")
+SILU_MUL = FAMILY.kernel(
+    "silu_mul_f32", "const float* gate, const float* up, float* out, long long n"
+)
+ADD_ROW = FAMILY.kernel(
+    "add_row_inplace_f32", "float* x, const float* row, long long rows, long long n"
+)
+_GATHER_SIG = (
+    "{t}* table, long long ld, long long n_rows_table, const int* ids, float* out, "
+    "long long ldo, int n_ids, long long cols"
+)
+GATHER = {
+    "bf16": FAMILY.kernel("gather_rows_bf16", _GATHER_SIG.format(t="const unsigned short")),
+    "f32": FAMILY.kernel("gather_rows_f32", _GATHER_SIG.format(t="const float")),
+}
+SOFTCAP = FAMILY.kernel("softcap_inplace", "float* x, long long n, float cap")
+SCATTER_BLOCK_POS = FAMILY.kernel(
+    "scatter_block_pos", "int* pos, const int* len, const int* block_pos, int b"
+)
+
+
+def grid(rt: Runtime, n: int) -> tuple[int]:
+    """A grid-stride launch over n elements: at most 16 blocks per SM."""
+    return (min(rt.sm_count * 16, -(-n // THREADS)),)
+
+
+def add(rt: Runtime, a: Any, b: Any, out: Any, n: int) -> None:
+    if n:
+        rt.launch(ADD, grid(rt, n), THREADS, a=a, b=b, out=out, n=n)
+
+
+def silu_mul(rt: Runtime, gate: Any, up: Any, out: Any, n: int) -> None:
+    if n:
+        rt.launch(SILU_MUL, grid(rt, n), THREADS, gate=gate, up=up, out=out, n=n)
+
+
+def add_row(rt: Runtime, x: Any, row: Any, rows: int, n: int) -> None:
+    """x [rows, n] += row [n], in place."""
+    if rows * n:
+        rt.launch(ADD_ROW, grid(rt, rows * n), THREADS, x=x, row=row, rows=rows, n=n)
+
+
+def gather_rows(rt: Runtime, table: Any, ids: Any, out: Any, n_ids: int) -> None:
+    """out[r] = f32(table[ids[r]]) for a bf16-bits (uint16) or f32 table [V, cols]; an id
+    outside [0, V) gives a NaN row, never an out-of-bounds read."""
+    cols = table.shape[1]
+    if n_ids * cols:
+        kind = "f32" if table.dtype == np.float32 else "bf16"
+        rt.launch(
+            GATHER[kind],
+            grid(rt, n_ids * cols),
+            THREADS,
+            table=table,
+            ld=table.strides[0] // table.itemsize,
+            n_rows_table=table.shape[0],
+            ids=ids,
+            out=out,
+            ldo=out.strides[0] // 4 if out.ndim == 2 else cols,
+            n_ids=n_ids,
+            cols=cols,
+        )
+
+
+def softcap(rt: Runtime, x: Any, n: int, cap: float) -> None:
+    """x = tanh(x / cap) * cap, in place (Gemma's logit soft-cap)."""
+    if n:
+        rt.launch(SOFTCAP, grid(rt, n), THREADS, x=x, n=n, cap=cap)
+
+
+def scatter_block_pos(rt: Runtime, pos: Any, length: Any, block_pos: Any, b: int) -> None:
+    """pos[*length + i] = block_pos[i] for the b block rows (*length read on the device)."""
+    rt.launch(SCATTER_BLOCK_POS, (1,), max(32, b), pos=pos, len=length, block_pos=block_pos, b=b)

@@ -1,0 +1,134 @@
+"""linear.cu: Y[M, N] = X[M, K] . W[N, K]^T on the tensor cores (bf16 / q8_0 / q4_0 weights,
+f32 activations split hi/lo) or in f32 FFMA (the f32 parity format), with split-K partials
+added by the consumer kernels (qkv_norm_rope, residual_rms_norm)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ShapeError
+from ..kernels import Family
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
+    from ..tensor import GpuTensor
+
+WARPS = 4  # warps per block
+UNROLL = 2  # 32-chunks a warp loads before computing
+ROWS_PER_BLOCK = 32  # output rows per block: two m-tiles of 16
+CHUNK = 32  # K walks 32-wide chunks (= the GGML block)
+MAX_K_SPLITS = 16
+F32_WARPS = 8
+EPILOGUES = ("store", "add", "silu_mul")
+
+FAMILY = Family("linear", {"LIN_NWARPS": WARPS, "LIN_UNROLL": UNROLL, "LIN_ROWS": ROWS_PER_BLOCK})
+_MMA_SIG = (
+    "const unsigned char* W, const unsigned short* scales, const float* X, long long ldx, "
+    "float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K, "
+    "int chunks_per_split, long long split_stride"
+)
+_F32_SIG = (
+    "const float* W, const unsigned short* scales, const float* X, long long ldx, "
+    "float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K"
+)
+MMA = {
+    (fmt, epi, nt1): FAMILY.kernel(f"linear_{fmt}_{epi}" + ("_nt1" if nt1 else ""), _MMA_SIG)
+    for fmt in ("bf16", "q8_0", "q4_0")
+    for epi in EPILOGUES
+    for nt1 in (False, True)
+}
+F32 = {epi: FAMILY.kernel(f"linear_f32_{epi}", _F32_SIG) for epi in EPILOGUES}
+
+
+def split_k_plan(chunks: int, want: int) -> tuple[int, int]:
+    """(splits, chunks per split) for cutting `chunks` 32-wide K chunks into at most `want`
+    ranges of whole chunks. Every split it counts is non-empty: the consumers add exactly that
+    many partial sums, so a split launched with no chunks would leave its partial unwritten
+    (e.g. 90 chunks cut for 11 splits gives ranges of 9: only 10 exist)."""
+    want = max(1, min(want, chunks))
+    per_split = -(-chunks // want)
+    return -(-chunks // per_split), per_split
+
+
+def k_splits(rt: Runtime, w: GpuTensor) -> int:
+    """Split-K factor of a weight at batch <= 16: enough blocks to fill the GPU (about 4 per
+    SM) while each split keeps every warp of its block busy; 1 for f32 (one FFMA pass).
+    It depends on the weight and the device only, never on M, so a row's result is the same
+    in every batch."""
+    if w.fmt == "f32":
+        return 1
+    n, k = w.out_features, w.in_features
+    row_blocks = -(-n // ROWS_PER_BLOCK)
+    want = max(
+        1, min((4 * rt.sm_count) // row_blocks, (k // CHUNK) // (WARPS * UNROLL), MAX_K_SPLITS)
+    )
+    return split_k_plan(k // CHUNK, want)[0]
+
+
+def project(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    out: Any,
+    epilogue: str = "store",
+    residual: Any = None,
+    ksplit: int = 1,
+    split_stride: int = 0,
+) -> None:
+    """out = x . w^T (epilogue store), residual + x . w^T (add; residual may alias out), or
+    silu(gate) * up for an interleaved gate/up weight (silu_mul). Rows are strided by their
+    arrays' own row strides. ksplit > 1 (store only) writes ksplit partial sums to
+    out + s*split_stride for the consumer to add."""
+    n, k = w.out_features, w.in_features
+    ldx = x.strides[0] // 4 if x.ndim == 2 else k
+    ldy = out.strides[-2] // 4 if out.ndim >= 2 else n
+    ldr = (residual.strides[0] // 4 if residual.ndim == 2 else n) if residual is not None else 0
+    res = residual if residual is not None else out
+    if w.fmt == "f32":
+        if ksplit != 1:
+            raise ShapeError("f32 weights do not take a K split")
+        pairs = -(-n // 16) * 8
+        rt.launch(
+            F32[epilogue],
+            (-(-m // 16), -(-pairs // F32_WARPS)),
+            32 * F32_WARPS,
+            W=w.data,
+            scales=None,
+            X=x,
+            ldx=ldx,
+            Y=out,
+            ldy=ldy,
+            R=res,
+            ldr=ldr,
+            M=m,
+            N=n,
+            K=k,
+        )
+        return
+    n_splits, per_split = split_k_plan(k // CHUNK, ksplit)
+    if n_splits != ksplit:  # the consumer adds exactly ksplit partials: all must be written
+        raise ShapeError(
+            f"K split {ksplit} of {k // CHUNK} chunks leaves empty splits; use "
+            f"k_splits() ({n_splits} non-empty splits)"
+        )
+    nt1 = m <= 8
+    grid = (-(-m // (8 if nt1 else 16)), -(-n // ROWS_PER_BLOCK), n_splits)
+    rt.launch(
+        MMA[(w.fmt, epilogue, nt1)],
+        grid,
+        32 * WARPS,
+        W=w.data,
+        scales=w.scales,
+        X=x,
+        ldx=ldx,
+        Y=out,
+        ldy=ldy,
+        R=res,
+        ldr=ldr,
+        M=m,
+        N=n,
+        K=k,
+        chunks_per_split=per_split,
+        split_stride=split_stride,
+    )

@@ -1,0 +1,253 @@
+"""Runtime: one CUDA device, the stream work is queued on, the stream contract, the compiled
+kernel families, typed launches and small host -> device copies.
+
+Stream contract (SPEC §7b, README "Streams"), the CuPy / torch convention:
+- every entry point (`ordered`) queues its work after everything already queued on the
+  caller's current CuPy stream, and the caller's stream waits for that work, so anything queued
+  there later (a `cp.asnumpy`, a kernel, freeing and reusing an input's memory) sees the
+  results. Both are device-side event waits; the host never waits;
+- inputs given through `__cuda_array_interface__` v3 with a `stream` are ordered after that
+  stream; DLPack producers are asked for the runtime's stream (`__dlpack__(stream=...)`);
+- `stream=None` gives the runtime its own non-blocking stream; with the caller's stream
+  (`cupy.cuda.Stream`, or `Stream.from_external` / `ExternalStream` around another framework's
+  stream) calls made on it issue no cross-stream wait at all;
+- CUDA graphs are captured on a private capture stream (capture cannot run on the legacy
+  default stream) and launched on `stream`, so any stream works, the null one too.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from . import kernels
+from .errors import DeviceError, KernelCompileError, ShapeError
+
+try:  # CuPy is an optional extra (cuda12 / cuda13); the CPU parts of pydflash work without it.
+    import cupy as cp
+except ImportError:  # pragma: no cover - exercised only on machines without CuPy
+    cp = None
+
+STAGING_MAX_BYTES = 1 << 20  # host copies up to this size go through page-locked staging
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def cuda_available() -> bool:
+    """True when CuPy is installed and at least one CUDA device answers."""
+    if cp is None:
+        return False
+    try:
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - any CUDA runtime failure means "no device"
+        return False
+
+
+def ordered(method: F) -> F:
+    """Decorate a public entry point: it runs under the stream contract (Runtime.ordered).
+    The runtime is `self` or the first argument."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rt = self if isinstance(self, Runtime) else (args[0] if args else None)
+        if not isinstance(rt, Runtime):
+            raise ShapeError(f"e: expected an Engine, found {type(rt).__name__}")
+        with rt.ordered():
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Runtime:
+    _modules: dict[tuple[int, str, tuple[str, ...]], Any] = {}  # compiled once per process
+
+    def __init__(self, ordinal: int = 0, stream: Any = None) -> None:
+        if cp is None:
+            raise DeviceError(
+                "CuPy is not installed: pip install 'pydflash[cuda12]' or 'pydflash[cuda13]'"
+            )
+        if not cuda_available():
+            raise DeviceError("no CUDA device is visible")
+        n = cp.cuda.runtime.getDeviceCount()
+        if (
+            isinstance(ordinal, bool)
+            or not isinstance(ordinal, (int, np.integer))
+            or not 0 <= ordinal < n
+        ):
+            raise DeviceError(f"ordinal {ordinal!r} out of range: {n} CUDA device(s)")
+        if stream is not None and not isinstance(stream, (cp.cuda.Stream, cp.cuda.ExternalStream)):
+            raise DeviceError(
+                f"stream: expected a cupy.cuda.Stream or ExternalStream, found "
+                f"{type(stream).__name__}"
+            )
+        self.ordinal = int(ordinal)
+        self.device = cp.cuda.Device(self.ordinal)
+        with self.device:
+            self.stream = stream if stream is not None else cp.cuda.Stream(non_blocking=True)
+            self.capture_stream = cp.cuda.Stream(non_blocking=True)
+            self._fence_in = cp.cuda.Event(block=False, disable_timing=True)
+            self._fence_out = cp.cuda.Event(block=False, disable_timing=True)
+            props = cp.cuda.runtime.getDeviceProperties(self.ordinal)
+        self._staging: collections.deque = collections.deque()  # (event, pinned memory)
+        self.sm_count = int(props["multiProcessorCount"])
+        self.name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        self.arch = f"sm_{props['major']}{props['minor']}"
+        # opt-in shared memory per block (227 KiB on H100/H200, 163 KiB on A100, 99 KiB sm_89)
+        self.smem_per_block = int(self.device.attributes["MaxSharedMemoryPerBlockOptin"])
+        self._functions: dict[kernels.KernelSpec, Any] = {}
+        self._smem_set: dict[kernels.KernelSpec, int] = {}
+
+    # -- stream ordering ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def ordered(self) -> Iterator[None]:
+        """One entry point under the stream contract: the runtime stream waits for the
+        caller's current stream, the body queues on the runtime stream, and the caller's stream
+        waits for it at the end (also when the body raises). Already on the runtime stream
+        (the caller's choice, or a nested entry point): no wait at all."""
+        with self.device:
+            caller = cp.cuda.get_current_stream().ptr
+            if caller == self.stream.ptr:
+                yield
+                return
+            self.wait_for_stream(caller)
+            try:
+                with self.stream:
+                    yield
+            finally:
+                self.signal_stream(caller)
+
+    def wait_for_stream(self, stream_ptr: int) -> None:
+        """Order the runtime stream after everything queued so far on `stream_ptr` (a raw
+        cudaStream_t: 0 legacy default, 1 cudaStreamLegacy, 2 cudaStreamPerThread)."""
+        if stream_ptr != self.stream.ptr:
+            cp.cuda.runtime.eventRecord(self._fence_in.ptr, stream_ptr)
+            cp.cuda.runtime.streamWaitEvent(self.stream.ptr, self._fence_in.ptr, 0)
+
+    def signal_stream(self, stream_ptr: int) -> None:
+        """Order `stream_ptr` after everything queued so far on the runtime stream."""
+        if stream_ptr != self.stream.ptr:
+            cp.cuda.runtime.eventRecord(self._fence_out.ptr, self.stream.ptr)
+            cp.cuda.runtime.streamWaitEvent(stream_ptr, self._fence_out.ptr, 0)
+
+    def synchronize(self) -> None:
+        """Wait on the host for everything queued on the runtime stream."""
+        self.stream.synchronize()
+
+    # -- kernels ------------------------------------------------------------------------------
+    def function(self, spec: kernels.KernelSpec) -> Any:
+        fn = self._functions.get(spec)
+        if fn is None:
+            fam = spec.family
+            key = (self.ordinal, fam.module, fam.options)
+            mod = Runtime._modules.get(key)
+            if mod is None:
+                with self.device:
+                    try:
+                        mod = cp.RawModule(code=kernels.source(fam.module), options=fam.options)
+                        mod.compile()
+                    except cp.cuda.compiler.CompileException as exc:
+                        raise KernelCompileError(f"{fam.module}.cu: NVRTC failed\n{exc}") from None
+                Runtime._modules[key] = mod
+            fn = self._functions[spec] = mod.get_function(spec.name)
+        return fn
+
+    def launch(
+        self, spec: kernels.KernelSpec, grid: Sequence[int], block: int, smem: int = 0, **args: Any
+    ) -> None:
+        """Queue `spec` on the current stream (entry points make the runtime stream current),
+        its arguments cast from the spec. Dynamic shared memory over 48 KiB is opted in once
+        per kernel."""
+        fn = self.function(spec)
+        if smem > 48 * 1024 and self._smem_set.get(spec, 0) < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+            self._smem_set[spec] = smem
+        fn(tuple(grid), (block,), spec.args(args), shared_mem=smem)
+
+    # -- memory -------------------------------------------------------------------------------
+    def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> cp.ndarray:
+        with self.device:
+            return cp.empty(shape, dtype=dtype)
+
+    def upload(self, a: np.ndarray) -> cp.ndarray:
+        """A new device array holding host array `a`, queued on the current stream."""
+        a = np.ascontiguousarray(a)
+        out = self.empty(a.shape, a.dtype)
+        self.copy_from_host(out, a)
+        return out
+
+    def copy_from_host(self, dst: cp.ndarray, a: np.ndarray) -> None:
+        """Queue host array `a` into contiguous device array `dst` on the current stream.
+        Small copies go through page-locked staging kept alive until an event says the copy
+        ran (so the host never waits); large ones (weights at load) use CuPy's pageable copy,
+        which has read the host memory when it returns."""
+        a = np.ascontiguousarray(a)
+        if a.nbytes == 0:
+            return
+        stream = cp.cuda.get_current_stream()
+        if a.nbytes > STAGING_MAX_BYTES:
+            dst.set(a, stream=stream)
+            return
+        while self._staging and self._staging[0][0].done:
+            self._staging.popleft()
+        mem = cp.cuda.alloc_pinned_memory(a.nbytes)
+        np.frombuffer(mem, np.uint8, a.nbytes)[:] = a.reshape(-1).view(np.uint8)
+        dst.data.copy_from_host_async(mem.ptr, a.nbytes, stream)
+        done = cp.cuda.Event(block=False, disable_timing=True)
+        done.record(stream)
+        self._staging.append((done, mem))
+
+    def as_device_array(self, obj: Any, name: str) -> cp.ndarray:
+        """A CuPy view of `obj` on this device (no copy), ordered per its protocol, or a
+        ShapeError naming the argument."""
+        if isinstance(obj, cp.ndarray):
+            arr = obj
+        elif hasattr(obj, "__cuda_array_interface__"):
+            arr = self._from_cuda_array_interface(obj, name)
+        elif hasattr(obj, "__dlpack__"):
+            if isinstance(obj, np.ndarray):
+                raise ShapeError(
+                    f"{name}: a host numpy array was given; pass a device array "
+                    f"(Engine.htod or cupy.asarray)"
+                )
+            with self.device:  # the current stream is the one the producer orders
+                arr = cp.from_dlpack(obj)
+        else:
+            raise ShapeError(f"{name}: expected a CuPy device array, found {type(obj).__name__}")
+        if arr.device.id != self.ordinal:
+            raise ShapeError(
+                f"{name}: lives on device {arr.device.id}, engine uses device {self.ordinal}"
+            )
+        return arr
+
+    def _from_cuda_array_interface(self, obj: Any, name: str) -> cp.ndarray:
+        cai = obj.__cuda_array_interface__
+        typestr = cai["typestr"]
+        dtype = np.dtype(np.uint16) if typestr[1:] in ("V2", "b2") else np.dtype(typestr)
+        if cai.get("strides") is not None:
+            expected = tuple(
+                int(np.prod(cai["shape"][i + 1 :])) * dtype.itemsize
+                for i in range(len(cai["shape"]))
+            )
+            if tuple(cai["strides"]) != expected:
+                raise ShapeError(
+                    f"{name}: only C-contiguous __cuda_array_interface__ arrays are accepted"
+                )
+        producer = cai.get("stream")
+        if producer is not None:
+            if isinstance(producer, bool) or not isinstance(producer, int) or producer == 0:
+                raise ShapeError(
+                    f"{name}: __cuda_array_interface__ stream must be None or a "
+                    f"non-zero int (protocol v3), found {producer!r}"
+                )
+            self.wait_for_stream(producer)
+        size = int(np.prod(cai["shape"])) * dtype.itemsize
+        with self.device:
+            mem = cp.cuda.UnownedMemory(cai["data"][0], size, obj)
+            return cp.ndarray(
+                tuple(cai["shape"]), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0)
+            )
