@@ -7,7 +7,7 @@ here, on the GPU by ``cuda_src/quant.cu``, or by llama.cpp tooling are byte-iden
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import ml_dtypes
 import numpy as np

@@ -4,18 +4,30 @@ Mirrors the GPU API without the engine argument. Everything runs in `dtype` (flo
 float64 on request), except the RoPE angles: like the z-lab torch reference they are float32
 products of a float32 position and a float32 inverse frequency, in both modes and on the GPU.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
-from .checkpoint import (CONF_B, CONF_W, GATE_B, GATE_W, JOINT_B, JOINT_W, MARKOV_W1, MARKOV_W2,
-                         Checkpoint)
+from . import rope
+from .checkpoint import (
+    CONF_B,
+    CONF_W,
+    GATE_B,
+    GATE_W,
+    JOINT_B,
+    JOINT_W,
+    MARKOV_W1,
+    MARKOV_W2,
+    Checkpoint,
+)
 from .config import DflashCfg
 from .errors import CapacityError, ShapeError
+from .rope import llama3_inv_freq  # noqa: F401  (re-exported: older code imports it from here)
 
 
 # -- primitives ------------------------------------------------------------------------------
@@ -27,45 +39,27 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope_inv_freq(head_dim: int, theta: float, scale: float = 1.0) -> np.ndarray:
-    """inv_freq_j = theta^(-2j/hd) as float32, computed like torch: 1 / theta**(2j/hd)."""
-    exponent = (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32)
-                / np.float32(head_dim))
-    inv = np.float32(1.0) / np.power(np.float32(theta), exponent, dtype=np.float32)
-    return (inv / np.float32(scale)).astype(np.float32)
-
-
-def llama3_inv_freq(inv_freq: np.ndarray, factor: float, low_freq_factor: float,
-                    high_freq_factor: float, original_max_pos: float) -> np.ndarray:
-    """Llama-3 RoPE scaling of default inverse frequencies (float32, like the HF reference):
-    wavelengths longer than original/low are divided by factor, shorter than original/high
-    kept, and those between interpolated with smooth = (original/wavelen - low)/(high - low)."""
-    f32 = np.float32
-    inv = inv_freq.astype(np.float32)
-    wavelen = f32(2 * np.pi) / inv
-    low_wavelen = f32(original_max_pos / low_freq_factor)
-    high_wavelen = f32(original_max_pos / high_freq_factor)
-    scaled = np.where(wavelen > low_wavelen, inv / f32(factor), inv)
-    smooth = ((f32(original_max_pos) / wavelen - f32(low_freq_factor))
-              / f32(high_freq_factor - low_freq_factor))
-    smoothed = (f32(1) - smooth) * scaled / f32(factor) + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return np.where(medium, smoothed, scaled).astype(np.float32)
+    """inv_freq_j = theta^(-2j/hd) / scale as float32, computed like torch (pydflash.rope)."""
+    inv = rope.default_inv_freq(head_dim, theta)
+    return inv if scale == 1.0 else (inv / np.float32(scale)).astype(np.float32)
 
 
 def cfg_inv_freq(cfg: DflashCfg) -> np.ndarray:
-    """The inverse-frequency table of a drafter's RoPE (default, linear or llama3 scaling)."""
-    if cfg.rope_type == "llama3":
-        return llama3_inv_freq(rope_inv_freq(cfg.head_dim, cfg.rope_theta), cfg.rope_scale,
-                               *cfg.rope_llama3)
-    return rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scale)
+    """Layer 0's inverse-frequency table (every layer's: `rope.inv_freq(cfg.rope_of(i), hd)`)."""
+    return rope.inv_freq(cfg.rope_of(0), cfg.head_dim)
 
 
-def rope_neox(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """Rotate-half RoPE on x [rows, n_heads, hd] at absolute positions pos [rows]."""
+def rope_neox(
+    x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, factor: float = 1.0
+) -> np.ndarray:
+    """Rotate-half RoPE on x [rows, n_heads, hd] at absolute positions pos [rows]; cos and sin
+    are both multiplied by `factor` (YaRN's attention factor, 1 otherwise)."""
     half = x.shape[-1] // 2
-    angle = np.asarray(pos, dtype=np.float32)[:, None] * inv_freq[None, :]   # float32 products
+    angle = np.asarray(pos, dtype=np.float32)[:, None] * inv_freq[None, :]  # float32 products
     cos = np.cos(angle.astype(x.dtype))[:, None, :]
     sin = np.sin(angle.astype(x.dtype))[:, None, :]
+    if factor != 1.0:
+        cos, sin = cos * x.dtype.type(factor), sin * x.dtype.type(factor)
     lo, hi = x[..., :half], x[..., half:]
     return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1).astype(x.dtype)
 
@@ -78,21 +72,34 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos_q: np.ndarray,
-              pos_k: np.ndarray, window: int | None) -> np.ndarray:
-    """Non-causal GQA attention. q [m, nh, hd]; k, v [n, nkv, hd] -> [m, nh*hd].
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    pos_q: np.ndarray,
+    pos_k: np.ndarray,
+    window: int | None,
+    n_ctx: int | None = None,
+) -> np.ndarray:
+    """GQA attention. q [m, nh, hd]; k, v [n, nkv, hd] -> [m, nh*hd].
 
     Query at position p sees key at position j iff window is None or |p - j| <= window - 1.
+    Non-causal unless n_ctx is given: then the keys are n_ctx ctx rows followed by the m block
+    rows, and block query i also needs key index <= n_ctx + i (is_causal: a mask inside the
+    block only; every ctx row stays visible).
     """
     m, nh, hd = q.shape
     nkv = k.shape[1]
     group = nh // nkv
-    kk = np.repeat(k, group, axis=1)                 # [n, nh, hd]: head h uses kv head h//group
+    kk = np.repeat(k, group, axis=1)  # [n, nh, hd]: head h uses kv head h//group
     vv = np.repeat(v, group, axis=1)
-    scores = np.einsum("mhd,nhd->hmn", q, kk) * q.dtype.type(hd ** -0.5)
+    scores = np.einsum("mhd,nhd->hmn", q, kk) * q.dtype.type(hd**-0.5)
     if window is not None:
         dist = np.abs(np.asarray(pos_q, np.int64)[:, None] - np.asarray(pos_k, np.int64)[None, :])
         scores = np.where((dist <= window - 1)[None], scores, -np.inf)
+    if n_ctx is not None:
+        later = np.arange(k.shape[0])[None, :] > n_ctx + np.arange(m)[:, None]
+        scores = np.where(later[None], -np.inf, scores)
     scores = scores - scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
@@ -115,22 +122,29 @@ class ReferenceKv:
 @dataclasses.dataclass
 class DraftResult:
     """Draft tokens for the layout's draft rows, with what the verifier may need."""
-    tokens: np.ndarray                  # int64 [n_drafts]
-    probs: np.ndarray | None = None     # [n_drafts, V] sampling distributions (temperature > 0)
+
+    tokens: np.ndarray  # int64 [n_drafts]
+    probs: np.ndarray | None = None  # [n_drafts, V] sampling distributions (temperature > 0)
     confidence: np.ndarray | None = None  # c_k per draft
-    survival: np.ndarray | None = None    # a_k = prod_{i<=k} c_i
+    survival: np.ndarray | None = None  # a_k = prod_{i<=k} c_i
 
 
 # -- the drafter -----------------------------------------------------------------------------
 class ReferenceDraft:
-    def __init__(self, cfg: DflashCfg, weights: Mapping[str, np.ndarray],
-                 dtype: type = np.float32) -> None:
+    def __init__(
+        self, cfg: DflashCfg, weights: Mapping[str, np.ndarray], dtype: type = np.float32
+    ) -> None:
         self.cfg, self.dtype = cfg, np.dtype(dtype)
         self.w = {name: np.asarray(a, dtype=self.dtype) for name, a in weights.items()}
-        self.inv_freq = cfg_inv_freq(cfg)
+        # per layer: its own inverse frequencies and attention factor (per-layer-type RoPE)
+        self.rope = [
+            (rope.inv_freq(cfg.rope_of(i), cfg.head_dim), rope.attention_factor(cfg.rope_of(i)))
+            for i in range(cfg.n_layer)
+        ]
+        self.inv_freq = self.rope[0][0] if self.rope else cfg_inv_freq(cfg)
 
     @classmethod
-    def load(cls, ckpt_dir: str | Path, dtype: type = np.float32) -> "ReferenceDraft":
+    def load(cls, ckpt_dir: str | Path, dtype: type = np.float32) -> ReferenceDraft:
         ckpt = Checkpoint.open(ckpt_dir)
         return cls(ckpt.cfg, {n: ckpt.read(n) for n in ckpt.tensors}, dtype)
 
@@ -138,8 +152,10 @@ class ReferenceDraft:
     def _rows(self, name: str, a: np.ndarray, rows: int, cols: int) -> np.ndarray:
         a = np.asarray(a, dtype=self.dtype)
         if a.size != rows * cols:
-            raise ShapeError(f"{name}: expected {rows}x{cols} = {rows * cols} values, "
-                             f"found shape {list(a.shape)}")
+            raise ShapeError(
+                f"{name}: expected {rows}x{cols} = {rows * cols} values, "
+                f"found shape {list(a.shape)}"
+            )
         return a.reshape(rows, cols)
 
     def _positions(self, name: str, pos: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
@@ -155,39 +171,61 @@ class ReferenceDraft:
         x = self._rows("taps", taps, t, c.n_taps * c.hidden)
         return rms_norm(x @ self.w["fc.weight"].T, self.w["hidden_norm.weight"], c.eps)
 
+    def _proj(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x @ W.T, plus the bias right after the projection when attention_bias is set."""
+        y = x @ self.w[name + ".weight"].T
+        return y + self.w[name + ".bias"] if self.cfg.attention_bias else y
+
     def _ctx_kv(self, layer: int, feats: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, ...]:
-        """K (k_norm + rope) and V of ctx rows; the ctx rows skip input_layernorm."""
+        """K (bias, k_norm, rope) and V (bias) of ctx rows; ctx rows skip input_layernorm."""
         c, p = self.cfg, f"layers.{layer}.self_attn."
-        k = (feats @ self.w[p + "k_proj.weight"].T).reshape(-1, c.n_kv, c.head_dim)
-        k = rope_neox(rms_norm(k, self.w[p + "k_norm.weight"], c.eps), pos, self.inv_freq)
-        v = (feats @ self.w[p + "v_proj.weight"].T).reshape(-1, c.n_kv, c.head_dim)
+        inv, factor = self.rope[layer]
+        k = self._proj(feats, p + "k_proj").reshape(-1, c.n_kv, c.head_dim)
+        k = rope_neox(rms_norm(k, self.w[p + "k_norm.weight"], c.eps), pos, inv, factor)
+        v = self._proj(feats, p + "v_proj").reshape(-1, c.n_kv, c.head_dim)
         return k, v
 
-    def _layer(self, layer: int, x: np.ndarray, pos_block: np.ndarray, k_ctx: np.ndarray,
-               v_ctx: np.ndarray, pos_ctx: np.ndarray) -> np.ndarray:
+    def _layer(
+        self,
+        layer: int,
+        x: np.ndarray,
+        pos_block: np.ndarray,
+        k_ctx: np.ndarray,
+        v_ctx: np.ndarray,
+        pos_ctx: np.ndarray,
+    ) -> np.ndarray:
         c, p = self.cfg, f"layers.{layer}."
         w = self.w
         xn = rms_norm(x, w[p + "input_layernorm.weight"], c.eps)
-        q = (xn @ w[p + "self_attn.q_proj.weight"].T).reshape(-1, c.n_head, c.head_dim)
-        q = rope_neox(rms_norm(q, w[p + "self_attn.q_norm.weight"], c.eps), pos_block,
-                      self.inv_freq)
-        k_blk, v_blk = self._ctx_kv(layer, xn, pos_block)   # block rows: same K/V program
+        q = self._proj(xn, p + "self_attn.q_proj").reshape(-1, c.n_head, c.head_dim)
+        q = rope_neox(
+            rms_norm(q, w[p + "self_attn.q_norm.weight"], c.eps), pos_block, *self.rope[layer]
+        )
+        k_blk, v_blk = self._ctx_kv(layer, xn, pos_block)  # block rows: same K/V program
         k = np.concatenate([k_ctx, k_blk])
         v = np.concatenate([v_ctx, v_blk])
         pos_k = np.concatenate([pos_ctx, pos_block])
-        a = attention(q, k, v, pos_block, pos_k, c.window_of(layer))
-        x = x + a @ w[p + "self_attn.o_proj.weight"].T
+        a = attention(
+            q, k, v, pos_block, pos_k, c.window_of(layer), len(k_ctx) if c.is_causal else None
+        )
+        x = x + self._proj(a, p + "self_attn.o_proj")
         n = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps)
         ff = silu(n @ w[p + "mlp.gate_proj.weight"].T) * (n @ w[p + "mlp.up_proj.weight"].T)
         return x + ff @ w[p + "mlp.down_proj.weight"].T
 
-    def forward(self, target_hidden: np.ndarray, noise_emb: np.ndarray,
-                pos: Sequence[int] | np.ndarray, ctx: int) -> np.ndarray:
+    def forward(
+        self,
+        target_hidden: np.ndarray,
+        noise_emb: np.ndarray,
+        pos: Sequence[int] | np.ndarray,
+        ctx: int,
+    ) -> np.ndarray:
         """Taps of ctx rows + block embeddings -> normed block hidden [b, hidden]."""
         return self.forward_block(self.ctx_features(target_hidden, ctx), noise_emb, pos, ctx)
 
-    def forward_block(self, ctx_f: np.ndarray, noise_emb: np.ndarray,
-                      pos: Sequence[int] | np.ndarray, ctx: int) -> np.ndarray:
+    def forward_block(
+        self, ctx_f: np.ndarray, noise_emb: np.ndarray, pos: Sequence[int] | np.ndarray, ctx: int
+    ) -> np.ndarray:
         """Block forward over precomputed ctx features; pos = ctx positions then block ones."""
         c, b = self.cfg, self.cfg.block_size
         feats = self._rows("ctx_f", ctx_f, ctx, c.hidden)
@@ -198,8 +236,9 @@ class ReferenceDraft:
             x = self._layer(layer, x, p[ctx:], k, v, p[:ctx])
         return rms_norm(x, self.w["norm.weight"], c.eps)
 
-    def ingest_ctx(self, kv: ReferenceKv, feats: np.ndarray, pos_new: Sequence[int] | np.ndarray,
-                   t: int) -> None:
+    def ingest_ctx(
+        self, kv: ReferenceKv, feats: np.ndarray, pos_new: Sequence[int] | np.ndarray, t: int
+    ) -> None:
         """Append t committed ctx rows' K/V at kv.len (all checks before any write)."""
         c = self.cfg
         f = self._rows("feats", feats, t, c.hidden)
@@ -208,13 +247,14 @@ class ReferenceDraft:
             raise CapacityError(f"ingest_ctx: {t} rows at len {kv.len} exceed cap {kv.cap}")
         new = [self._ctx_kv(layer, f, p) for layer in range(c.n_layer)]
         for layer, (k, v) in enumerate(new):
-            kv.k[layer][kv.len:kv.len + t] = k
-            kv.v[layer][kv.len:kv.len + t] = v
-        kv.pos[kv.len:kv.len + t] = p
+            kv.k[layer][kv.len : kv.len + t] = k
+            kv.v[layer][kv.len : kv.len + t] = v
+        kv.pos[kv.len : kv.len + t] = p
         kv.len += t
 
-    def forward_round(self, kv: ReferenceKv, noise_emb: np.ndarray,
-                      pos_block: Sequence[int] | np.ndarray) -> np.ndarray:
+    def forward_round(
+        self, kv: ReferenceKv, noise_emb: np.ndarray, pos_block: Sequence[int] | np.ndarray
+    ) -> np.ndarray:
         """Block forward over the cached ctx K/V; the block's own K/V are never committed."""
         c, b = self.cfg, self.cfg.block_size
         x = self._rows("noise_emb", noise_emb, b, c.hidden)
@@ -225,8 +265,9 @@ class ReferenceDraft:
         return rms_norm(x, self.w["norm.weight"], c.eps)
 
     # -- logits -> draft tokens ------------------------------------------------------------
-    def markov_bias(self, prev: int, h: np.ndarray, state: np.ndarray | None
-                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    def markov_bias(
+        self, prev: int, h: np.ndarray, state: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """W2-projected bias for one slot given the previous realised token (SPEC §6)."""
         c, w = self.cfg, self.w
         e = w[MARKOV_W1][prev]
@@ -237,13 +278,20 @@ class ReferenceDraft:
             return w[MARKOV_W2] @ (g * e), state
         r = c.markov_rank
         z = w[JOINT_W] @ np.concatenate([state, e, h]) + w[JOINT_B]
-        gate, cand, out = sigmoid(z[:r]), np.tanh(z[r:2 * r]), z[2 * r:]
+        gate, cand, out = sigmoid(z[:r]), np.tanh(z[r : 2 * r]), z[2 * r :]
         state = gate * state + (1 - gate) * cand
         return w[MARKOV_W2] @ np.tanh(out), state
 
-    def draft(self, hidden: np.ndarray, lm_head: np.ndarray, last: int, *,
-              logit_softcap: float | None = None, temperature: float = 0.0,
-              rng: np.random.Generator | None = None) -> DraftResult:
+    def draft(
+        self,
+        hidden: np.ndarray,
+        lm_head: np.ndarray,
+        last: int,
+        *,
+        logit_softcap: float | None = None,
+        temperature: float = 0.0,
+        rng: np.random.Generator | None = None,
+    ) -> DraftResult:
         """Draft tokens for the layout's rows, the Markov chain running left to right."""
         c = self.cfg
         h = self._rows("hidden", hidden, c.block_size, c.hidden)
@@ -268,23 +316,32 @@ class ReferenceDraft:
                 bias, state = self.markov_bias(prev, h[r], state)
                 logits = logits + bias
             if conf is not None:
-                feat = (np.concatenate([h[r], self.w[MARKOV_W1][prev]])
-                        if c.confidence_with_markov else h[r])
+                feat = (
+                    np.concatenate([h[r], self.w[MARKOV_W1][prev]])
+                    if c.confidence_with_markov
+                    else h[r]
+                )
                 conf[i] = sigmoid(self.w[CONF_W][0] @ feat + self.w[CONF_B][0])
             if temperature > 0:
                 z = logits / temperature
                 pr = np.exp(z - z.max())
                 pr /= pr.sum()
                 probs[i] = pr
-                p64 = pr.astype(np.float64)      # renormalised in float64: numpy's check
-                tok = int(rng.choice(len(p64), p=p64 / p64.sum()))   # is ~1e-8 tight
+                p64 = pr.astype(np.float64)  # renormalised in float64: numpy's check
+                tok = int(rng.choice(len(p64), p=p64 / p64.sum()))  # is ~1e-8 tight
             else:
-                tok = int(np.argmax(logits))   # ties: the lowest index
+                tok = int(np.argmax(logits))  # ties: the lowest index
             tokens[i] = prev = tok
         survival = np.cumprod(conf) if conf is not None else None
         return DraftResult(tokens, probs, conf, survival)
 
-    def draft_tokens(self, hidden: np.ndarray, lm_head: np.ndarray, last: int, *,
-                     logit_softcap: float | None = None) -> np.ndarray:
+    def draft_tokens(
+        self,
+        hidden: np.ndarray,
+        lm_head: np.ndarray,
+        last: int,
+        *,
+        logit_softcap: float | None = None,
+    ) -> np.ndarray:
         """Greedy draft tokens for the layout's draft rows (int64)."""
         return self.draft(hidden, lm_head, last, logit_softcap=logit_softcap).tokens

@@ -1,4 +1,5 @@
 """Checkpoint.open / read on generated checkpoints (SPEC section 2), good and malformed."""
+
 from __future__ import annotations
 
 import json
@@ -10,17 +11,30 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from pydflash.checkpoint import (CONF_B, CONF_W, EMBED, GATE_B, GATE_W, JOINT_B, JOINT_W,
-                                 LM_HEAD, MARKOV_W1, MARKOV_W2, Checkpoint, backbone_shapes)
+from pydflash.checkpoint import (
+    CONF_B,
+    CONF_W,
+    EMBED,
+    GATE_B,
+    GATE_W,
+    JOINT_B,
+    JOINT_W,
+    LM_HEAD,
+    MARKOV_W1,
+    MARKOV_W2,
+    Checkpoint,
+    backbone_shapes,
+    changes_the_math,
+)
 from pydflash.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
 from pydflash.errors import CheckpointError, ConfigError
 from tools.make_checkpoint import PRESETS, make_checkpoint
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-H = PRESETS["tiny"]["hidden"]          # 64
-N_FF = PRESETS["tiny"]["n_ff"]          # 128
-VOCAB = PRESETS["tiny"]["vocab"]        # 256
-RANK = PRESETS["tiny"]["markov_rank"]   # 32
+H = PRESETS["tiny"]["hidden"]  # 64
+N_FF = PRESETS["tiny"]["n_ff"]  # 128
+VOCAB = PRESETS["tiny"]["vocab"]  # 256
+RANK = PRESETS["tiny"]["markov_rank"]  # 32
 
 
 def bf16(a) -> np.ndarray:
@@ -67,11 +81,20 @@ def open_error(path) -> str:
 
 # --------------------------------------------------------------------------- good checkpoints
 
-@pytest.mark.parametrize("preset, shards, style", [
-    ("tiny", 1, "nested"), ("tiny", 1, "flat"), ("tiny", 3, "nested"), ("tiny", 4, "flat"),
-    ("tiny-swa", 1, None), ("tiny-swa", 5, None),
-    ("tiny-dspark", 1, None), ("tiny-dspark", 2, "nested"),
-])
+
+@pytest.mark.parametrize(
+    "preset, shards, style",
+    [
+        ("tiny", 1, "nested"),
+        ("tiny", 1, "flat"),
+        ("tiny", 3, "nested"),
+        ("tiny", 4, "flat"),
+        ("tiny-swa", 1, None),
+        ("tiny-swa", 5, None),
+        ("tiny-dspark", 1, None),
+        ("tiny-dspark", 2, "nested"),
+    ],
+)
 def test_open_presets(tmp_path, preset, shards, style):
     g = PRESETS[preset]
     path = make_checkpoint(tmp_path / "ckpt", preset, shards=shards, config_style=style)
@@ -81,8 +104,12 @@ def test_open_presets(tmp_path, preset, shards, style):
     ck = Checkpoint.open(path)
     cfg = ck.cfg
     assert ck.path == path
-    assert (cfg.hidden, cfg.n_head, cfg.n_kv, cfg.head_dim) == (g["hidden"], g["n_head"],
-                                                                g["n_kv"], g["head_dim"])
+    assert (cfg.hidden, cfg.n_head, cfg.n_kv, cfg.head_dim) == (
+        g["hidden"],
+        g["n_head"],
+        g["n_kv"],
+        g["head_dim"],
+    )
     assert (cfg.n_ff, cfg.n_layer, cfg.block_size) == (g["n_ff"], g["n_layer"], g["block_size"])
     assert cfg.mask_token_id == g["mask_token_id"]
     assert cfg.target_layer_ids == tuple(g["target_layer_ids"])
@@ -140,8 +167,13 @@ def test_open_rope_styles_and_no_head_dim(tmp_path, rope_style):
 @pytest.mark.parametrize("confidence", [False, True])
 def test_markov_heads_detected(tmp_path, markov, confidence):
     rank = 8
-    path = make_checkpoint(tmp_path / "c", "tiny", markov=markov, confidence=confidence,
-                           overrides={"markov_rank": rank})
+    path = make_checkpoint(
+        tmp_path / "c",
+        "tiny",
+        markov=markov,
+        confidence=confidence,
+        overrides={"markov_rank": rank},
+    )
     ck = Checkpoint.open(path)
     cfg = ck.cfg
     assert cfg.markov_type == markov and cfg.has_markov
@@ -174,8 +206,9 @@ def test_confidence_without_markov(tmp_path):
 
 
 def test_dspark_without_confidence_markov_and_extras(tmp_path):
-    path = make_checkpoint(tmp_path / "c", "tiny-dspark", markov=False, confidence=False,
-                           embed=False, lm_head=False)
+    path = make_checkpoint(
+        tmp_path / "c", "tiny-dspark", markov=False, confidence=False, embed=False, lm_head=False
+    )
     ck = Checkpoint.open(path)
     assert not ck.cfg.has_markov and not ck.cfg.confidence_head
     assert not ck.has_embed and not ck.has_lm_head
@@ -197,8 +230,14 @@ def test_embed_and_lm_head_detected(tmp_path, embed, lm_head):
 def test_cfg_reconciled_from_tensors(tmp_path):
     """A config silent about the heads: the tensors decide markov type, rank, vocab, confidence."""
     path = make_checkpoint(tmp_path / "c", "tiny", markov="gated", confidence=True)
-    edit_config(path, markov_rank=None, markov_head_type=None, vocab_size=None,
-                enable_confidence_head=None, confidence_head_with_markov=None)
+    edit_config(
+        path,
+        markov_rank=None,
+        markov_head_type=None,
+        vocab_size=None,
+        enable_confidence_head=None,
+        confidence_head_with_markov=None,
+    )
     raw_cfg = DflashCfg.load(path)
     assert raw_cfg.markov_type is None and raw_cfg.vocab_size is None
     assert not raw_cfg.confidence_head
@@ -225,7 +264,8 @@ def test_unknown_extra_tensors_listed_not_fatal(tmp_path):
         "rotary_emb.inv_freq": np.arange(8, dtype=np.float32),
         "step": np.array([3], dtype=np.int64),
         "flags": np.array([1, 0, 1], dtype=np.int8),
-        "layers.9.mlp.up_proj.weight": bf16(np.zeros((4, 4))),
+        "model.embed_tokens.weight": bf16(np.zeros((4, 4))),  # foreign: another model's copy
+        "lm_head_target.weight": bf16(np.zeros(4)),
     }
     path = make_checkpoint(tmp_path / "c", "tiny", extra_tensors=extra)
     ck = Checkpoint.open(path)
@@ -241,6 +281,7 @@ def test_unknown_extra_tensors_listed_not_fatal(tmp_path):
 
 # --------------------------------------------------------------------------- reading data
 
+
 @pytest.mark.parametrize("shards", [1, 3])
 def test_read_values_and_dtypes(tmp_path, shards):
     rng = np.random.default_rng(1)
@@ -248,9 +289,17 @@ def test_read_values_and_dtypes(tmp_path, shards):
     hnorm32 = rng.standard_normal(H).astype(np.float32)
     ln16 = rng.standard_normal(H).astype(np.float16)
     fc = bf16(rng.standard_normal((H, 3 * H)))
-    path = make_checkpoint(tmp_path / "c", "tiny", shards=shards, extra_tensors={
-        "norm.weight": norm, "hidden_norm.weight": hnorm32,
-        "layers.0.input_layernorm.weight": ln16, "fc.weight": fc})
+    path = make_checkpoint(
+        tmp_path / "c",
+        "tiny",
+        shards=shards,
+        extra_tensors={
+            "norm.weight": norm,
+            "hidden_norm.weight": hnorm32,
+            "layers.0.input_layernorm.weight": ln16,
+            "fc.weight": fc,
+        },
+    )
     ck = Checkpoint.open(path)
     assert ck.tensors["hidden_norm.weight"].dtype == "F32"
     assert ck.tensors["layers.0.input_layernorm.weight"].dtype == "F16"
@@ -275,25 +324,34 @@ def test_read_values_and_dtypes(tmp_path, shards):
     a32 = ck.read("hidden_norm.weight")
     assert a32.dtype == np.float32
     np.testing.assert_array_equal(a32, hnorm32)
-    np.testing.assert_array_equal(ck.read_bf16_bits("hidden_norm.weight"),
-                                  hnorm32.astype(BF16).view(np.uint16))
+    np.testing.assert_array_equal(
+        ck.read_bf16_bits("hidden_norm.weight"), hnorm32.astype(BF16).view(np.uint16)
+    )
 
     # f16 as stored
     a16 = ck.read("layers.0.input_layernorm.weight")
     assert a16.dtype == np.float16
     np.testing.assert_array_equal(a16, ln16)
-    np.testing.assert_array_equal(ck.read_f32("layers.0.input_layernorm.weight"),
-                                  ln16.astype(np.float32))
-    np.testing.assert_array_equal(ck.read_bf16_bits("layers.0.input_layernorm.weight"),
-                                  ln16.astype(np.float32).astype(BF16).view(np.uint16))
+    np.testing.assert_array_equal(
+        ck.read_f32("layers.0.input_layernorm.weight"), ln16.astype(np.float32)
+    )
+    np.testing.assert_array_equal(
+        ck.read_bf16_bits("layers.0.input_layernorm.weight"),
+        ln16.astype(np.float32).astype(BF16).view(np.uint16),
+    )
 
 
 def test_read_generated_tensors_match_files(tmp_path):
     path = make_checkpoint(tmp_path / "c", "tiny-dspark", shards=2)
     ck = Checkpoint.open(path)
     arrays = all_arrays(path)
-    for name in ("layers.1.mlp.down_proj.weight", MARKOV_W1, CONF_B, EMBED,
-                 "layers.0.self_attn.k_norm.weight"):
+    for name in (
+        "layers.1.mlp.down_proj.weight",
+        MARKOV_W1,
+        CONF_B,
+        EMBED,
+        "layers.0.self_attn.k_norm.weight",
+    ):
         got = ck.read_bf16_bits(name)
         assert got.shape == arrays[name].shape
         np.testing.assert_array_equal(got, arrays[name].view(np.uint16))
@@ -317,6 +375,7 @@ def test_read_after_file_truncated(tmp_path):
 
 
 # --------------------------------------------------------------------------- malformed
+
 
 def test_missing_tensor(tmp_path):
     name = "layers.1.mlp.up_proj.weight"
@@ -342,8 +401,9 @@ def test_misshapen_1d_tensor(tmp_path):
 
 @pytest.mark.parametrize("dtype, tag", [(np.int32, "I32"), (np.float64, "F64"), (np.int8, "I8")])
 def test_unsupported_dtype(tmp_path, dtype, tag):
-    path = make_checkpoint(tmp_path / "c", "tiny",
-                           extra_tensors={"norm.weight": np.ones(H, dtype=dtype)})
+    path = make_checkpoint(
+        tmp_path / "c", "tiny", extra_tensors={"norm.weight": np.ones(H, dtype=dtype)}
+    )
     msg = open_error(path)
     assert "norm.weight" in msg and tag in msg and "not supported" in msg
 
@@ -351,11 +411,16 @@ def test_unsupported_dtype(tmp_path, dtype, tag):
 @pytest.mark.parametrize("shards", [1, 3])
 def test_several_problems_in_one_message(tmp_path, shards):
     path = make_checkpoint(
-        tmp_path / "c", "tiny", shards=shards,
+        tmp_path / "c",
+        "tiny",
+        shards=shards,
         drop_tensors=["layers.0.mlp.down_proj.weight", "hidden_norm.weight"],
-        extra_tensors={"layers.1.self_attn.o_proj.weight": bf16(np.zeros((H, 48))),
-                       "norm.weight": np.ones(H, dtype=np.int32),
-                       "harmless.extra": bf16(np.zeros(3))})
+        extra_tensors={
+            "layers.1.self_attn.o_proj.weight": bf16(np.zeros((H, 48))),
+            "norm.weight": np.ones(H, dtype=np.int32),
+            "harmless.extra": bf16(np.zeros(3)),
+        },
+    )
     msg = open_error(path)
     assert "4 problem(s)" in msg
     assert f"layers.0.mlp.down_proj.weight: missing (expected shape [{H}, {N_FF}])" in msg
@@ -384,8 +449,9 @@ def test_truncated_shard(tmp_path):
     assert "1 problem(s)" in msg
 
 
-@pytest.mark.parametrize("garbage", [b"\xff" * 64, b"\x01\x02", b"",
-                                     struct.pack("<Q", 14) + b'{"x": nonsense'])
+@pytest.mark.parametrize(
+    "garbage", [b"\xff" * 64, b"\x01\x02", b"", struct.pack("<Q", 14) + b'{"x": nonsense']
+)
 def test_corrupt_header(tmp_path, garbage):
     path = make_checkpoint(tmp_path / "c", "tiny")
     (path / "model.safetensors").write_bytes(garbage)
@@ -487,8 +553,16 @@ def test_tensor_stored_in_two_shards(tmp_path):
     assert name in msg and "stored in both" in msg
 
 
-@pytest.mark.parametrize("text", ["{not json", "[]", '{"metadata": {}}',
-                                  '{"weight_map": [1, 2]}', '{"weight_map": {"fc.weight": 3}}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[]",
+        '{"metadata": {}}',
+        '{"weight_map": [1, 2]}',
+        '{"weight_map": {"fc.weight": 3}}',
+    ],
+)
 def test_unreadable_index(tmp_path, text):
     path = make_checkpoint(tmp_path / "c", "tiny", shards=2)
     (path / "model.safetensors.index.json").write_text(text)
@@ -497,8 +571,9 @@ def test_unreadable_index(tmp_path, text):
 
 
 def test_config_declares_markov_head_tensors_lack(tmp_path):
-    path = make_checkpoint(tmp_path / "c", "tiny", markov="vanilla",
-                           drop_tensors=[MARKOV_W1, MARKOV_W2])
+    path = make_checkpoint(
+        tmp_path / "c", "tiny", markov="vanilla", drop_tensors=[MARKOV_W1, MARKOV_W2]
+    )
     msg = open_error(path)
     assert MARKOV_W1 in msg and "missing" in msg and "vanilla" in msg and str(RANK) in msg
 
@@ -523,15 +598,17 @@ def test_gated_head_missing_bias(tmp_path):
 
 
 def test_rnn_head_misshapen(tmp_path):
-    path = make_checkpoint(tmp_path / "c", "tiny", markov="rnn",
-                           extra_tensors={JOINT_W: bf16(np.zeros((3 * RANK, H)))})
+    path = make_checkpoint(
+        tmp_path / "c", "tiny", markov="rnn", extra_tensors={JOINT_W: bf16(np.zeros((3 * RANK, H)))}
+    )
     msg = open_error(path)
-    assert f"{JOINT_W}: expected shape [{3 * RANK}, {2 * RANK + H}], found [{3 * RANK}, {H}]" \
-        in msg
+    assert f"{JOINT_W}: expected shape [{3 * RANK}, {2 * RANK + H}], found [{3 * RANK}, {H}]" in msg
 
 
-@pytest.mark.parametrize("tensors, declared", [("gated", "rnn"), ("gated", "vanilla"),
-                                               ("vanilla", "gated"), ("rnn", "vanilla")])
+@pytest.mark.parametrize(
+    "tensors, declared",
+    [("gated", "rnn"), ("gated", "vanilla"), ("vanilla", "gated"), ("rnn", "vanilla")],
+)
 def test_config_markov_type_disagrees_with_tensors(tmp_path, tensors, declared):
     path = make_checkpoint(tmp_path / "c", "tiny", markov=tensors)
     edit_config(path, markov_head_type=declared)
@@ -547,21 +624,22 @@ def test_config_markov_rank_disagrees_with_tensors(tmp_path):
 
 
 def test_config_enables_confidence_tensors_lack(tmp_path):
-    path = make_checkpoint(tmp_path / "c", "tiny", confidence=True,
-                           drop_tensors=[CONF_W, CONF_B])
+    path = make_checkpoint(tmp_path / "c", "tiny", confidence=True, drop_tensors=[CONF_W, CONF_B])
     msg = open_error(path)
     assert CONF_W in msg and "missing" in msg
 
 
 def test_confidence_bias_misshapen(tmp_path):
-    path = make_checkpoint(tmp_path / "c", "tiny", confidence=True,
-                           extra_tensors={CONF_B: bf16(np.zeros(2))})
+    path = make_checkpoint(
+        tmp_path / "c", "tiny", confidence=True, extra_tensors={CONF_B: bf16(np.zeros(2))}
+    )
     assert f"{CONF_B}: expected shape [1], found [2]" in open_error(path)
 
 
 def test_embed_vocab_mismatch(tmp_path):
-    path = make_checkpoint(tmp_path / "c", "tiny", embed=True,
-                           extra_tensors={EMBED: bf16(np.zeros((VOCAB + 4, H)))})
+    path = make_checkpoint(
+        tmp_path / "c", "tiny", embed=True, extra_tensors={EMBED: bf16(np.zeros((VOCAB + 4, H)))}
+    )
     assert f"{EMBED}: expected shape [{VOCAB}, {H}], found [{VOCAB + 4}, {H}]" in open_error(path)
 
 
@@ -577,3 +655,149 @@ def test_lm_head_wrong_rank(tmp_path, shape, vocab_in_config):
     save_file(arrays, str(f))
     msg = open_error(path)
     assert LM_HEAD in msg and f"found {list(shape)}" in msg
+
+
+# --------------------------------------------------------------------------- issue 8
+
+BIAS_SHAPES = {"q_proj": (4 * 16,), "k_proj": (2 * 16,), "v_proj": (2 * 16,), "o_proj": (H,)}
+
+
+def test_attention_bias_checkpoint(tmp_path):
+    path = make_checkpoint(tmp_path / "c", "tiny", overrides={"attention_bias": True})
+    ck = Checkpoint.open(path)
+    assert ck.cfg.attention_bias and ck.unknown == []
+    for i in range(ck.cfg.n_layer):
+        for proj, shape in BIAS_SHAPES.items():
+            info = ck.tensors[f"layers.{i}.self_attn.{proj}.bias"]
+            assert info.shape == shape and info.dtype == "BF16"
+    assert set(backbone_shapes(ck.cfg)) == set(ck.tensors)
+
+
+def test_attention_bias_without_its_tensors(tmp_path):
+    drop = [f"layers.{i}.self_attn.{p}.bias" for i in range(2) for p in BIAS_SHAPES]
+    path = make_checkpoint(
+        tmp_path / "c", "tiny", overrides={"attention_bias": True}, drop_tensors=drop
+    )
+    msg = open_error(path)
+    assert "8 problem(s)" in msg
+    for name in drop:
+        proj = name.split(".")[3]
+        assert f"{name}: missing (expected shape {list(BIAS_SHAPES[proj])})" in msg, name
+
+
+def test_attention_bias_misshapen(tmp_path):
+    name = "layers.1.self_attn.k_proj.bias"
+    path = make_checkpoint(
+        tmp_path / "c",
+        "tiny",
+        overrides={"attention_bias": True},
+        extra_tensors={name: bf16(np.zeros(64))},
+    )
+    assert f"{name}: expected shape [32], found [64]" in open_error(path)
+
+
+@pytest.mark.parametrize("attention_bias", [False, None])
+def test_bias_tensors_without_attention_bias_refused(tmp_path, attention_bias):
+    """A checkpoint with biases whose config does not declare them: never silently dropped."""
+    path = make_checkpoint(tmp_path / "c", "tiny", overrides={"attention_bias": True})
+    edit_config(path, attention_bias=attention_bias)
+    msg = open_error(path)
+    assert "8 problem(s)" in msg
+    for i in range(2):
+        for proj in BIAS_SHAPES:
+            assert (
+                f"layers.{i}.self_attn.{proj}.bias: an attention bias, but config.json does "
+                f"not set attention_bias: true" in msg
+            )
+
+
+MATH_EXTRAS = [
+    "layers.9.mlp.up_proj.weight",
+    "layers.0.mlp.gate_proj.bias",
+    "layers.1.self_attn.rotary_emb.inv_freq",
+    "layers.0.attention_conv.base_kernel",
+    "fc.bias",
+    "norm.bias",
+    "hidden_norm.bias",
+    "markov_head.extra.weight",
+    "confidence_head.proj2.weight",
+    "candidate_selector.hidden_projection.weight",
+    "lm_head.bias",
+    "embed_tokens.scale",
+]
+
+
+@pytest.mark.parametrize("name", MATH_EXTRAS)
+def test_unused_math_tensor_refused(tmp_path, name):
+    path = make_checkpoint(tmp_path / "c", "tiny", extra_tensors={name: bf16(np.ones(4))})
+    msg = open_error(path)
+    assert (
+        f"{name}: not used by this drafter's configuration, but its name says it changes "
+        f"the math" in msg
+    )
+    assert changes_the_math(name)
+
+
+def test_unused_math_tensors_all_named_at_once(tmp_path):
+    extra = {n: bf16(np.ones(4)) for n in MATH_EXTRAS}
+    extra["embed_tokens_copy.weight"] = bf16(np.ones(4))  # foreign: fine
+    path = make_checkpoint(tmp_path / "c", "tiny", extra_tensors=extra)
+    msg = open_error(path)
+    assert f"{len(MATH_EXTRAS)} problem(s)" in msg
+    assert all(n in msg for n in MATH_EXTRAS)
+    assert "embed_tokens_copy" not in msg
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model.lm_head.weight",
+        "target.embed_tokens.weight",
+        "model.fc.weight",
+        "mtp.layers.0.weight",
+        "rotary_emb.inv_freq",
+        "normx.weight",
+        "layers_meta",
+        "encoder.layers.0.weight",
+    ],
+)
+def test_foreign_names(name):
+    assert not changes_the_math(name)
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "qwen3-8b-b16",
+        "qwen3-4b-b16",
+        "gemma4-31b",
+        "gpt-oss-20b-b8",
+        "qwen3.6-27b",
+        "dspark-qwen3-8b-b7",
+        "dspark-qwen3-4b-b7",
+    ],
+)
+def test_public_presets_parse_and_plan_matches_loader(preset):
+    """Each public preset's config.json parses, and its tensor plan is exactly what the loader
+    expects of that config (plan only: nothing is written)."""
+    from tools.make_checkpoint import checkpoint_plan
+
+    raw, plan = checkpoint_plan(preset)
+    cfg = DflashCfg.from_dict(raw, source=preset)
+    shapes = {n: s for n, s, _ in plan}
+    want = backbone_shapes(cfg)
+    assert {n: s for n, s in shapes.items() if n in want} == want
+    extra = set(shapes) - set(want)
+    assert all(n.startswith(("markov_head.", "confidence_head.")) for n in extra), extra
+    g = PRESETS[preset]
+    assert (cfg.hidden, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff, cfg.n_layer) == (
+        g["hidden"],
+        g["n_head"],
+        g["n_kv"],
+        g["head_dim"],
+        g["n_ff"],
+        g["n_layer"],
+    )
+    assert cfg.block_size == g["block_size"] and cfg.mask_token_id == g["mask_token_id"]
+    assert cfg.attention_bias == (preset == "gpt-oss-20b-b8")
+    assert cfg.rope_of(0).rope_type == ("yarn" if preset == "gpt-oss-20b-b8" else "default")

@@ -1,7 +1,9 @@
 """DflashCfg parsing: every config.json shape of SPEC section 2, and every way it can be wrong."""
+
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -10,8 +12,8 @@ import pytest
 from pydflash.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
 from pydflash.errors import ConfigError, PydflashError
 
-
 # --------------------------------------------------------------------------- config shapes
+
 
 def zlab_nested() -> dict:
     """A z-lab Qwen3-8B-DFlash-b16 style config: block_size on top, the rest in dflash_config."""
@@ -42,14 +44,16 @@ def flat() -> dict:
 def dspark_flat() -> dict:
     """A DeepSpec DSpark (dspark_qwen3_8b_block7) style flat config."""
     raw = flat()
-    raw.update({
-        "architectures": ["Qwen3DSparkModel"],
-        "block_size": 7,
-        "markov_rank": 256,
-        "markov_head_type": "vanilla",
-        "enable_confidence_head": True,
-        "confidence_head_with_markov": True,
-    })
+    raw.update(
+        {
+            "architectures": ["Qwen3DSparkModel"],
+            "block_size": 7,
+            "markov_rank": 256,
+            "markov_head_type": "vanilla",
+            "enable_confidence_head": True,
+            "confidence_head_with_markov": True,
+        }
+    )
     return raw
 
 
@@ -60,6 +64,7 @@ def write_cfg(tmp_path, raw, name="config.json"):
 
 
 # --------------------------------------------------------------------------- accepted shapes
+
 
 def test_zlab_nested_config():
     cfg = DflashCfg.from_dict(zlab_nested())
@@ -142,8 +147,15 @@ def test_head_dim_present_and_different_from_hidden_over_heads():
 
 def test_derived_dims_small():
     raw = flat()
-    raw.update(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-               target_layer_ids=[2, 4], vocab_size=None, mask_token_id=3)
+    raw.update(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        target_layer_ids=[2, 4],
+        vocab_size=None,
+        mask_token_id=3,
+    )
     cfg = DflashCfg.from_dict(raw)
     assert (cfg.n_taps, cfg.q_dim, cfg.kv_dim) == (2, 64, 32)
 
@@ -164,6 +176,7 @@ def test_eps_default():
 
 
 # --------------------------------------------------------------------------- RoPE
+
 
 @pytest.mark.parametrize("key", ["rope_parameters", "rope_scaling"])
 def test_rope_theta_inside_rope_dict(key):
@@ -199,7 +212,7 @@ def test_rope_linear_without_factor_is_an_error():
 
 
 @pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
-@pytest.mark.parametrize("rope_type", ["yarn", "longrope", "dynamic"])
+@pytest.mark.parametrize("rope_type", ["longrope", "dynamic", "proportional", "mrope"])
 def test_unimplemented_rope_type_is_an_error(key, rope_type):
     raw = flat()
     raw[key] = {"rope_type": rope_type, "factor": 4.0, "rope_theta": 10000.0}
@@ -220,6 +233,7 @@ def test_rope_theta_missing_everywhere():
 
 
 # --------------------------------------------------------------------------- sliding window
+
 
 def test_layer_types_with_sliding_window():
     raw = flat()
@@ -273,6 +287,7 @@ def test_layer_types_unknown_entry():
 
 # --------------------------------------------------------------------------- layout
 
+
 @pytest.mark.parametrize("arch", [["DFlashDraftModel"], ["Qwen3DSparkModel"], []])
 @pytest.mark.parametrize("value, layout", [(True, BONUS_ANCHOR), (False, SAMPLE_FROM_ANCHOR)])
 def test_explicit_dspark_bonus_anchor_wins(arch, value, layout):
@@ -291,8 +306,9 @@ def test_explicit_sample_from_anchor_wins(arch, value, layout):
     assert DflashCfg.from_dict(raw).layout == layout
 
 
-@pytest.mark.parametrize("bonus, sample, layout", [(True, False, BONUS_ANCHOR),
-                                                   (False, True, SAMPLE_FROM_ANCHOR)])
+@pytest.mark.parametrize(
+    "bonus, sample, layout", [(True, False, BONUS_ANCHOR), (False, True, SAMPLE_FROM_ANCHOR)]
+)
 def test_both_explicit_and_consistent(bonus, sample, layout):
     raw = flat()
     raw.update(dspark_bonus_anchor=bonus, sample_from_anchor=sample)
@@ -339,8 +355,10 @@ def test_no_architectures_means_bonus_anchor():
     assert DflashCfg.from_dict(raw).layout == BONUS_ANCHOR
 
 
-@pytest.mark.parametrize("layout, rows", [(BONUS_ANCHOR, [1, 2, 3, 4, 5, 6]),
-                                          (SAMPLE_FROM_ANCHOR, [0, 1, 2, 3, 4, 5, 6])])
+@pytest.mark.parametrize(
+    "layout, rows",
+    [(BONUS_ANCHOR, [1, 2, 3, 4, 5, 6]), (SAMPLE_FROM_ANCHOR, [0, 1, 2, 3, 4, 5, 6])],
+)
 def test_draft_rows_per_layout(layout, rows):
     raw = dspark_flat()
     raw["sample_from_anchor"] = layout == SAMPLE_FROM_ANCHOR
@@ -351,6 +369,7 @@ def test_draft_rows_per_layout(layout, rows):
 
 # --------------------------------------------------------------------------- from_json / load
 
+
 def test_from_json_and_load(tmp_path):
     path = write_cfg(tmp_path, zlab_nested())
     a = DflashCfg.from_json(path)
@@ -359,8 +378,14 @@ def test_from_json_and_load(tmp_path):
     assert a == b == c == DflashCfg.from_dict(zlab_nested())
 
 
-REQUIRED_TOP = ["hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",
-                "block_size", "rope_theta"]
+REQUIRED_TOP = [
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "num_hidden_layers",
+    "block_size",
+    "rope_theta",
+]
 REQUIRED_NESTED = ["mask_token_id", "target_layer_ids"]
 
 
@@ -402,8 +427,13 @@ def test_all_problems_in_one_message(tmp_path):
     msg = str(ei.value)
     assert str(path) in msg
     assert "5 problem(s)" in msg
-    for key in ("hidden_size", "block_size", "target_layer_ids", "num_hidden_layers",
-                "rms_norm_eps"):
+    for key in (
+        "hidden_size",
+        "block_size",
+        "target_layer_ids",
+        "num_hidden_layers",
+        "rms_norm_eps",
+    ):
         assert key in msg, key
     assert "'five'" in msg
 
@@ -415,37 +445,40 @@ def test_from_dict_names_its_source():
         DflashCfg.from_dict(raw, source="my-ckpt/config.json")
 
 
-@pytest.mark.parametrize("key, value, fragment", [
-    ("hidden_size", "4096", "must be an integer"),
-    ("hidden_size", True, "must be an integer"),
-    ("hidden_size", 4096.5, "must be an integer"),
-    ("num_attention_heads", [32], "must be an integer"),
-    ("num_hidden_layers", -1, "must be >= 1"),
-    ("num_hidden_layers", 0, "must be >= 1"),
-    ("intermediate_size", False, "must be an integer"),
-    ("block_size", 0, "must be >= 1"),
-    ("mask_token_id", -1, "must be >= 0"),
-    ("mask_token_id", "151669", "must be an integer"),
-    ("target_layer_ids", [], "non-empty list"),
-    ("target_layer_ids", [1, "9"], "non-empty list"),
-    ("target_layer_ids", [1, -9], "non-empty list"),
-    ("target_layer_ids", [True, 2], "non-empty list"),
-    ("target_layer_ids", 5, "non-empty list"),
-    ("rope_theta", "1e6", "finite number"),
-    ("rope_theta", -10000.0, "must be > 0"),
-    ("rope_theta", True, "finite number"),
-    ("rms_norm_eps", 0, "must be > 0"),
-    ("num_key_value_heads", 0, "must be >= 1"),
-    ("head_dim", -128, "must be >= 1"),
-    ("enable_confidence_head", "true", "true or false"),
-    ("enable_confidence_head", 1, "true or false"),
-    ("markov_head_type", "lstm", "must be one of"),
-    ("markov_rank", -4, "must be >= 0"),
-    ("architectures", "Qwen3DSparkModel", "list of strings"),
-    ("dflash_config", [1, 2], "must be an object"),
-    ("rope_scaling", "linear", "must be an object"),
-    ("vocab_size", 0, "must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("hidden_size", "4096", "must be an integer"),
+        ("hidden_size", True, "must be an integer"),
+        ("hidden_size", 4096.5, "must be an integer"),
+        ("num_attention_heads", [32], "must be an integer"),
+        ("num_hidden_layers", -1, "must be >= 1"),
+        ("num_hidden_layers", 0, "must be >= 1"),
+        ("intermediate_size", False, "must be an integer"),
+        ("block_size", 0, "must be >= 1"),
+        ("mask_token_id", -1, "must be >= 0"),
+        ("mask_token_id", "151669", "must be an integer"),
+        ("target_layer_ids", [], "non-empty list"),
+        ("target_layer_ids", [1, "9"], "non-empty list"),
+        ("target_layer_ids", [1, -9], "non-empty list"),
+        ("target_layer_ids", [True, 2], "non-empty list"),
+        ("target_layer_ids", 5, "non-empty list"),
+        ("rope_theta", "1e6", "finite number"),
+        ("rope_theta", -10000.0, "must be > 0"),
+        ("rope_theta", True, "finite number"),
+        ("rms_norm_eps", 0, "must be > 0"),
+        ("num_key_value_heads", 0, "must be >= 1"),
+        ("head_dim", -128, "must be >= 1"),
+        ("enable_confidence_head", "true", "true or false"),
+        ("enable_confidence_head", 1, "true or false"),
+        ("markov_head_type", "lstm", "must be one of"),
+        ("markov_rank", -4, "must be >= 0"),
+        ("architectures", "Qwen3DSparkModel", "list of strings"),
+        ("dflash_config", [1, 2], "must be an object"),
+        ("rope_scaling", "linear", "must be an object"),
+        ("vocab_size", 0, "must be >= 1"),
+    ],
+)
 def test_wrong_types_and_values(tmp_path, key, value, fragment):
     raw = flat()
     raw[key] = value
@@ -520,6 +553,7 @@ def test_use_sliding_window_without_layer_types():
 
 # --------------------------------------------------------------------------- unreadable files
 
+
 def test_invalid_json(tmp_path):
     path = tmp_path / "config.json"
     path.write_text('{"hidden_size": 4096,,}')
@@ -543,8 +577,9 @@ def test_binary_garbage_config(tmp_path):
     assert str(path) in str(ei.value)
 
 
-@pytest.mark.parametrize("text, found", [("[1, 2]", "list"), ('"hello"', "str"),
-                                         ("42", "int"), ("null", "NoneType")])
+@pytest.mark.parametrize(
+    "text, found", [("[1, 2]", "list"), ('"hello"', "str"), ("42", "int"), ("null", "NoneType")]
+)
 def test_non_object_json(tmp_path, text, found):
     path = tmp_path / "config.json"
     path.write_text(text)
@@ -582,7 +617,7 @@ def test_from_dict_does_not_mutate_input():
 
 def test_cfg_is_frozen():
     cfg = DflashCfg.from_dict(flat())
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.hidden = 1  # type: ignore[misc]
 
 
@@ -602,6 +637,7 @@ def test_rope_llama3_inverse_frequencies_by_hand():
     import math
 
     from pydflash.reference import cfg_inv_freq
+
     raw = _llama3_config()
     raw.update(head_dim=8, rope_theta=10000.0)
     raw["rope_scaling"].update(original_max_position_embeddings=1024)
@@ -613,8 +649,220 @@ def test_rope_llama3_inverse_frequencies_by_hand():
 
 
 def _llama3_config():
-    return {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 128, "num_hidden_layers": 2, "block_size": 8,
-            "mask_token_id": 3, "target_layer_ids": [1, 2], "rope_theta": 500000.0,
-            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    return {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "block_size": 8,
+        "mask_token_id": 3,
+        "target_layer_ids": [1, 2],
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
+
+
+# --------------------------------------------------------------------------- issue 8: new keys
+
+
+@pytest.mark.parametrize("value, want", [(True, True), (False, False), (None, False)])
+def test_attention_bias(value, want):
+    raw = flat()
+    raw["attention_bias"] = value
+    assert DflashCfg.from_dict(raw).attention_bias is want
+
+
+@pytest.mark.parametrize("where", ["top", "dflash_config.is_causal", "dflash_config.causal"])
+@pytest.mark.parametrize("value", [True, False])
+def test_is_causal_keys(where, value):
+    raw = zlab_nested()
+    if where == "top":
+        raw["is_causal"] = value
+    else:
+        raw["dflash_config"][where.split(".")[1]] = value
+    assert DflashCfg.from_dict(raw).is_causal is value
+    assert DflashCfg.from_dict(zlab_nested()).is_causal is False  # absent: non-causal
+
+
+def test_is_causal_keys_that_disagree_are_refused():
+    raw = zlab_nested()
+    raw["is_causal"] = False
+    raw["dflash_config"]["causal"] = True
+    with pytest.raises(ConfigError, match="is_causal: the causality keys disagree"):
+        DflashCfg.from_dict(raw)
+    raw["dflash_config"]["causal"] = False
+    assert DflashCfg.from_dict(raw).is_causal is False
+
+
+@pytest.mark.parametrize("key", ["is_causal", "attention_bias"])
+def test_new_bool_keys_must_be_bool(key):
+    raw = flat()
+    raw[key] = "true"
+    with pytest.raises(ConfigError, match=f"{key}: must be true or false"):
+        DflashCfg.from_dict(raw)
+
+
+@pytest.mark.parametrize("where", ["top", "rope_parameters", "rope_scaling"])
+def test_partial_rotary_factor_refused(where):
+    raw = flat()
+    if where == "top":
+        raw["partial_rotary_factor"] = 0.25
+    else:
+        raw[where] = {"rope_type": "default", "partial_rotary_factor": 0.5}
+    with pytest.raises(ConfigError, match="partial_rotary_factor.*not implemented"):
+        DflashCfg.from_dict(raw)
+    raw = flat()
+    raw["partial_rotary_factor"] = 1.0  # the whole head: what is implemented
+    DflashCfg.from_dict(raw)
+
+
+@pytest.mark.parametrize("arch", ["DFlash2DraftModel", "Qwen3DFlash2ForCausalLM"])
+def test_dflash2_architecture_refused(arch):
+    raw = zlab_nested()
+    raw["architectures"] = [arch]
+    with pytest.raises(ConfigError, match=f"architectures: '{arch}': DFlash2"):
+        DflashCfg.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "key", ["conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"]
+)
+@pytest.mark.parametrize("nested", [True, False])
+def test_dflash2_head_keys_refused(key, nested):
+    raw = zlab_nested()
+    (raw["dflash_config"] if nested else raw)[key] = 4
+    where = "dflash_config." if nested else ""
+    with pytest.raises(ConfigError, match=f"{where}{key}: 4: a DFlash2 head"):
+        DflashCfg.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "key, bad, neutral",
+    [
+        ("input_embedding_scale", 2.0, 1.0),
+        ("output_multiplier", 0.5, 1.0),
+        ("use_aux_hidden_state", False, True),
+        ("is_neox_style", False, True),
+        ("mlp_bias", True, False),
+        ("use_swa", True, False),
+        ("attention_sink_bias", True, False),
+        ("add_swa_attention_sink_bias", True, False),
+    ],
+)
+@pytest.mark.parametrize("nested", [True, False])
+def test_math_changing_keys_refused_unless_neutral(key, bad, neutral, nested):
+    raw = zlab_nested()
+    (raw["dflash_config"] if nested else raw)[key] = bad
+    with pytest.raises(ConfigError, match=f"{key}: {bad!r} is not implemented"):
+        DflashCfg.from_dict(raw)
+    (raw["dflash_config"] if nested else raw)[key] = neutral
+    DflashCfg.from_dict(raw)
+
+
+def test_separate_draft_window_refused():
+    raw = zlab_nested()
+    raw.update(layer_types=["sliding_attention"] * 4 + ["full_attention"], sliding_window=2048)
+    raw["dflash_config"]["swa_window_size"] = 2048  # the same window: fine
+    assert DflashCfg.from_dict(raw).sliding_window == 2048
+    raw["dflash_config"]["swa_window_size"] = 1024
+    with pytest.raises(ConfigError, match="swa_window_size: 1024 differs from sliding_window"):
+        DflashCfg.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "act, ok",
+    [
+        ("silu", True),
+        ("swish", True),
+        ("gelu", False),
+        ("gelu_pytorch_tanh", False),
+        ("relu", False),
+    ],
+)
+def test_hidden_act(act, ok):
+    raw = flat()
+    raw["hidden_act"] = act
+    if ok:
+        DflashCfg.from_dict(raw)
+    else:
+        with pytest.raises(ConfigError, match=f"hidden_act: '{act}' is not implemented"):
+            DflashCfg.from_dict(raw)
+
+
+def test_target_hidden_size_must_match():
+    raw = flat()
+    raw["target_hidden_size"] = 4096
+    DflashCfg.from_dict(raw)
+    raw["target_hidden_size"] = 5120
+    with pytest.raises(ConfigError, match="target_hidden_size: 5120 differs"):
+        DflashCfg.from_dict(raw)
+
+
+def test_unimplemented_keys_all_reported_at_once(tmp_path):
+    raw = zlab_nested()
+    raw.update(
+        architectures=["DFlash2DraftModel"],
+        hidden_act="gelu",
+        is_causal="yes",
+        partial_rotary_factor=0.5,
+        rope_scaling={"rope_type": "longrope"},
+    )
+    raw["dflash_config"].update(selector_rank=64, input_embedding_scale=3.0)
+    path = write_cfg(tmp_path, raw)
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_json(path)
+    msg = str(ei.value)
+    assert "7 problem(s)" in msg and str(path) in msg
+    for key in (
+        "architectures",
+        "hidden_act",
+        "is_causal",
+        "partial_rotary_factor",
+        "rope_scaling.rope_type",
+        "dflash_config.selector_rank",
+        "dflash_config.input_embedding_scale",
+    ):
+        assert key in msg, key
+
+
+def test_public_shapes_parse():
+    """The config shapes of SPEC §1b parse with their new keys: gpt-oss (bias + YaRN), a
+    Qwen3.6 drafter (block_size inside dflash_config, 4 sliding + 1 full)."""
+    gpt = zlab_nested()
+    gpt.update(
+        hidden_size=2880,
+        num_attention_heads=64,
+        head_dim=64,
+        intermediate_size=7680,
+        num_hidden_layers=8,
+        vocab_size=201088,
+        block_size=8,
+        attention_bias=True,
+        rope_theta=150000,
+        max_position_embeddings=131072,
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+    )
+    gpt["dflash_config"] = {"mask_token_id": 200000, "target_layer_ids": [1, 6, 11, 16, 21]}
+    c = DflashCfg.from_dict(gpt)
+    assert c.attention_bias and c.rope_of(7).rope_type == "yarn" and c.rope_of(0).truncate is False
+    assert (c.rope_theta, c.rope_type, c.rope_scale) == (150000.0, "yarn", 32.0)
+    q36 = zlab_nested()
+    del q36["block_size"]
+    q36["dflash_config"]["block_size"] = 16
+    q36.update(layer_types=["sliding_attention"] * 4 + ["full_attention"], sliding_window=2048)
+    c = DflashCfg.from_dict(q36)
+    assert c.block_size == 16 and c.window_of(0) == 2048 and c.window_of(4) is None

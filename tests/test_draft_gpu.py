@@ -1,5 +1,6 @@
 """The GPU drafter against pydflash.reference, fed the weights the GPU holds (skipped without
 a CUDA device)."""
+
 import numpy as np
 import pytest
 
@@ -13,8 +14,17 @@ TOL = {"f32": 1e-4, "bf16": 5e-3, "q8_0": 2e-2, "q4_0": 2e-2, "mixed": 2e-2}
 PRECISIONS = list(TOL)
 # A small geometry that still exercises the real kernel paths: hd 64, GQA 4, block 16, several
 # attention splits, split-K projections (K >= 512), rows that are not multiples of the tiles.
-MEDIUM = {"hidden": 512, "n_head": 8, "n_kv": 2, "head_dim": 64, "n_ff": 704, "n_layer": 2,
-          "block_size": 16, "vocab": 1000, "mask_token_id": 999}
+MEDIUM = {
+    "hidden": 512,
+    "n_head": 8,
+    "n_kv": 2,
+    "head_dim": 64,
+    "n_ff": 704,
+    "n_layer": 2,
+    "block_size": 16,
+    "vocab": 1000,
+    "mask_token_id": 999,
+}
 
 
 def rel(a, b):
@@ -32,6 +42,37 @@ def ckpts(tmp_path_factory):
         "gated": make_checkpoint(root / "gated", "tiny", markov="gated", seed=15),
         "rnn": make_checkpoint(root / "rnn", "tiny", markov="rnn", seed=16),
         "llama3": _with_llama3_rope(make_checkpoint(root / "llama3", "tiny", seed=17)),
+        # gpt-oss-like: q/k/v/o biases and YaRN (short original context: scaling matters)
+        "bias_yarn": make_checkpoint(
+            root / "bias_yarn",
+            "tiny",
+            seed=18,
+            overrides={
+                "attention_bias": True,
+                "rope": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 32,
+                },
+            },
+        ),
+        "causal": make_checkpoint(root / "causal", "tiny", seed=19, overrides={"is_causal": True}),
+        "per_type_rope": make_checkpoint(
+            root / "per_type_rope",
+            "tiny-swa",
+            seed=20,
+            overrides={
+                "rope_per_layer_type": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {
+                        "rope_type": "yarn",
+                        "rope_theta": 1e6,
+                        "factor": 8.0,
+                        "original_max_position_embeddings": 16,
+                    },
+                }
+            },
+        ),
     }
 
 
@@ -39,9 +80,15 @@ def _with_llama3_rope(path):
     """A tiny checkpoint whose config asks for Llama-3 RoPE scaling (short original context,
     so the scaling matters at the positions the tests use)."""
     import json
+
     cfg = json.loads((path / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    cfg["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     (path / "config.json").write_text(json.dumps(cfg))
     return path
 
@@ -49,6 +96,7 @@ def _with_llama3_rope(path):
 def no_confidence(cfg):
     """The GPU drafts tokens only; the reference's confidence head needs weights it lacks."""
     import dataclasses
+
     return dataclasses.replace(cfg, confidence_head=False, confidence_with_markov=False)
 
 
@@ -60,7 +108,17 @@ def inputs(cfg, ctx, rng):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("name,ctx", [("tiny", 5), ("medium", 300), ("llama3", 40)])
+@pytest.mark.parametrize(
+    "name,ctx",
+    [
+        ("tiny", 5),
+        ("medium", 300),
+        ("llama3", 40),
+        ("bias_yarn", 70),
+        ("causal", 30),
+        ("per_type_rope", 90),
+    ],
+)
 def test_forward_paths_match_reference(engine, ckpts, rng, precision, name, ctx):
     from pydflash import DflashDraft, DflashKv
 
@@ -84,7 +142,7 @@ def test_forward_paths_match_reference(engine, ckpts, rng, precision, name, ctx)
     assert kv.len == ctx
     rnd = e.dtoh(d.forward_round(e, kv, d_noise, pos[ctx:]))
     assert rel(rnd, expect) < TOL[precision]
-    np.testing.assert_array_equal(rnd, block)          # same kernels: bit-identical
+    np.testing.assert_array_equal(rnd, block)  # same kernels: bit-identical
     np.testing.assert_array_equal(block, full)
 
 
@@ -132,8 +190,12 @@ def test_sliding_window_far_past_the_window(engine, ckpts, rng):
     assert rel(got, expect) < TOL["f32"]
     # the window matters: without it the answer is different
     import dataclasses
-    no_window = ReferenceDraft(dataclasses.replace(d.cfg, layer_sliding=(False,) * d.cfg.n_layer),
-                               d.reference_weights(), np.float64)
+
+    no_window = ReferenceDraft(
+        dataclasses.replace(d.cfg, layer_sliding=(False,) * d.cfg.n_layer),
+        d.reference_weights(),
+        np.float64,
+    )
     assert rel(no_window.forward(taps, noise, pos, ctx), expect) > 1e-3
 
 
@@ -156,11 +218,10 @@ def test_draft_tokens_match_reference(engine, ckpts, rng, name, softcap):
 
 
 def test_draft_tokens_bf16_lm_head_and_checkpoint_lm_head(engine, ckpts, rng):
-    from pydflash import DflashDraft
-    from pydflash import quant
+    from pydflash import DflashDraft, quant
 
     e = engine
-    d = DflashDraft.load(e, ckpts["dspark"], "bf16")   # carries lm_head: used when none given
+    d = DflashDraft.load(e, ckpts["dspark"], "bf16")  # carries lm_head: used when none given
     cfg = d.cfg
     hidden = rng.standard_normal((cfg.block_size, cfg.hidden)).astype(np.float32)
     got = e.dtoh(d.draft_tokens(e, e.htod(hidden), None, 3))
@@ -197,7 +258,9 @@ def test_bad_inputs_leave_kv_and_draft_intact(engine, ckpts, rng):
         d.forward_round(e, kv, e.htod(noise.astype(np.float64)), pos[6:])
     with pytest.raises(ShapeError, match="host numpy"):
         d.forward_round(e, kv, noise, pos[6:])
-    other = DflashKv(e, __import__("dataclasses").replace(cfg, n_layer=1, layer_sliding=(False,)), 8)
+    other = DflashKv(
+        e, __import__("dataclasses").replace(cfg, n_layer=1, layer_sliding=(False,)), 8
+    )
     with pytest.raises(ShapeError, match="kv: built for"):
         d.forward_round(e, other, e.htod(noise), pos[6:])
     with pytest.raises(ShapeError, match="last"):
@@ -238,8 +301,8 @@ def test_graph_replay_equals_plain_launches_as_len_grows(engine, ckpts, rng):
             kv.len = kv.len - back
         done -= back
         if add:
-            graphed.ingest_ctx(e, kv_g, feats[done:done + add], np.arange(done, done + add), add)
-            plain.ingest_ctx(e, kv_p, feats[done:done + add], np.arange(done, done + add), add)
+            graphed.ingest_ctx(e, kv_g, feats[done : done + add], np.arange(done, done + add), add)
+            plain.ingest_ctx(e, kv_p, feats[done : done + add], np.arange(done, done + add), add)
             done += add
         noise = e.htod(rng.standard_normal((cfg.block_size, cfg.hidden)).astype(np.float32))
         pos = np.arange(done, done + cfg.block_size) + step
@@ -247,3 +310,36 @@ def test_graph_replay_equals_plain_launches_as_len_grows(engine, ckpts, rng):
         b = e.dtoh(plain.forward_round(e, kv_p, noise, pos))
         np.testing.assert_array_equal(a, b)
     assert len(graphed._graphs) == 1 and len(plain._graphs) == 0
+
+
+@pytest.mark.parametrize(
+    "name,feature",
+    [
+        ("bias_yarn", "bias"),
+        ("bias_yarn", "yarn"),
+        ("causal", "causal"),
+        ("per_type_rope", "per_type"),
+    ],
+)
+def test_each_math_feature_changes_the_answer(engine, ckpts, rng, name, feature):
+    """The features the forward test covers are not no-ops at these sizes: the reference
+    without the feature is far from the GPU result (so ignoring it would fail there)."""
+    import dataclasses
+
+    from pydflash import DflashDraft
+    from pydflash.rope import RopeSpec
+
+    d = DflashDraft.load(engine, ckpts[name], "f32")
+    cfg, w = d.cfg, d.reference_weights()
+    taps, noise, pos = inputs(cfg, 40, rng)
+    got = engine.dtoh(d.forward(engine, engine.htod(taps), engine.htod(noise), pos, 40))
+    assert rel(got, ReferenceDraft(cfg, w, np.float64).forward(taps, noise, pos, 40)) < 1e-4
+    if feature == "bias":
+        w = {k: v for k, v in w.items() if not k.endswith(".bias")}
+        cfg = dataclasses.replace(cfg, attention_bias=False)
+    elif feature == "causal":
+        cfg = dataclasses.replace(cfg, is_causal=False)
+    else:  # plain default RoPE on every layer instead
+        cfg = dataclasses.replace(cfg, rope=(RopeSpec("default", cfg.rope_theta),) * cfg.n_layer)
+    without = ReferenceDraft(cfg, w, np.float64).forward(taps, noise, pos, 40)
+    assert rel(got, without) > 1e-3

@@ -1,4 +1,5 @@
 """The examples run, and compute what they claim (skipped without a CUDA device)."""
+
 import importlib.util
 import subprocess
 import sys
@@ -21,8 +22,9 @@ def load_example(name):
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-swa", "tiny-dspark"])
-def test_spec_decode_loop_keeps_the_kv_equal_to_the_committed_tokens(engine, preset_checkpoint,
-                                                                      preset):
+def test_spec_decode_loop_keeps_the_kv_equal_to_the_committed_tokens(
+    engine, preset_checkpoint, preset
+):
     """After the loop, the drafter's KV holds exactly the committed tokens' rows: a round over
     it equals the reference forward over the taps of every committed token."""
     ex = load_example("spec_decode_loop")
@@ -38,7 +40,12 @@ def test_spec_decode_loop_keeps_the_kv_equal_to_the_committed_tokens(engine, pre
 
 
 def test_spec_decode_loop_runs_as_a_script(engine):
-    r = subprocess.run([sys.executable, "examples/spec_decode_loop.py", "--tokens", "20"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "examples/spec_decode_loop.py", "--tokens", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "tokens committed" in r.stdout

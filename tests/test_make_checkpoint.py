@@ -40,7 +40,14 @@ def load_dir(path):
 
 def expected_shapes(g, markov=None, confidence=False, with_markov=True, embed=False, lm_head=False):
     """The SPEC section 2 name/shape list, written out independently of the tool."""
-    h, nh, nkv, hd, ff, v = g["hidden"], g["n_head"], g["n_kv"], g["head_dim"], g["n_ff"], g["vocab"]
+    h, nh, nkv, hd, ff, v = (
+        g["hidden"],
+        g["n_head"],
+        g["n_kv"],
+        g["head_dim"],
+        g["n_ff"],
+        g["vocab"],
+    )
     r = g["markov_rank"]
     e = {
         "fc.weight": (h, len(g["target_layer_ids"]) * h),
@@ -111,8 +118,15 @@ def test_nested_config(tmp_path):
     assert c["vocab_size"] == 256 and c["rms_norm_eps"] == 1e-6
     assert c["rope_theta"] == 10000 and c["max_position_embeddings"] == 40960
     assert c["num_target_layers"] >= 6
-    for k in ("layer_types", "sliding_window", "markov_rank", "markov_head_type",
-              "enable_confidence_head", "sample_from_anchor", "dspark_bonus_anchor"):
+    for k in (
+        "layer_types",
+        "sliding_window",
+        "markov_rank",
+        "markov_head_type",
+        "enable_confidence_head",
+        "sample_from_anchor",
+        "dspark_bonus_anchor",
+    ):
         assert k not in c, k
 
 
@@ -165,8 +179,12 @@ def test_head_dim_omission(tmp_path):
     c = cfg_of(make_checkpoint(tmp_path / "c", "tiny", head_dim_in_config=False))
     assert "head_dim" not in c and c["hidden_size"] // c["num_attention_heads"] == 16
     with pytest.raises(ValueError, match="head_dim"):
-        make_checkpoint(tmp_path / "d", "tiny", head_dim_in_config=False, overrides={"head_dim": 32})
-    with pytest.raises(ValueError, match="head_dim"):  # 2560/32 = 80 != 128: refused before any work
+        make_checkpoint(
+            tmp_path / "d", "tiny", head_dim_in_config=False, overrides={"head_dim": 32}
+        )
+    with pytest.raises(
+        ValueError, match="head_dim"
+    ):  # 2560/32 = 80 != 128: refused before any work
         make_checkpoint(tmp_path / "e", "qwen3-4b-b16", head_dim_in_config=False)
     assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
 
@@ -217,7 +235,9 @@ def test_dspark_tensors(tmp_path):
     p = make_checkpoint(tmp_path / "c", "tiny-dspark")
     check_tensors(
         p,
-        expected_shapes(PRESETS["tiny-dspark"], markov="vanilla", confidence=True, embed=True, lm_head=True),
+        expected_shapes(
+            PRESETS["tiny-dspark"], markov="vanilla", confidence=True, embed=True, lm_head=True
+        ),
     )
 
 
@@ -266,7 +286,9 @@ def test_sharded(tmp_path, shards):
                 total += t.nbytes
     assert set(seen) == set(wm)
     assert index["metadata"]["total_size"] == total
-    exp = expected_shapes(PRESETS["tiny-dspark"], markov="vanilla", confidence=True, embed=True, lm_head=True)
+    exp = expected_shapes(
+        PRESETS["tiny-dspark"], markov="vanilla", confidence=True, embed=True, lm_head=True
+    )
     assert {k: v.shape for k, v in seen.items()} == exp
     # sharding does not change the values
     single = load_dir(make_checkpoint(tmp_path / "one", "tiny-dspark"))
@@ -352,7 +374,9 @@ def test_extra_and_dropped_tensors(tmp_path):
     got = load_dir(make_checkpoint(tmp_path / "d", "tiny", extra_tensors={"fc.weight": bad}))
     assert got["fc.weight"].shape == (64, 100)
     # drop_tensors leaves a tensor out (missing-tensor tests)
-    got = load_dir(make_checkpoint(tmp_path / "e", "tiny", drop_tensors=["layers.1.mlp.up_proj.weight"]))
+    got = load_dir(
+        make_checkpoint(tmp_path / "e", "tiny", drop_tensors=["layers.1.mlp.up_proj.weight"])
+    )
     assert "layers.1.mlp.up_proj.weight" not in got
     assert len(got) == len(expected_shapes(PRESETS["tiny"])) - 1
     # extras also land in shards and in the index
@@ -361,7 +385,7 @@ def test_extra_and_dropped_tensors(tmp_path):
     assert "mystery.weight" in wm and "model.fc.weight" in wm
 
 
-# ----------------------------------------------------------------------------- big presets (plan only)
+# ----------------------------------------------------------------- big presets (plan only)
 
 
 def test_big_preset_plans():
@@ -375,7 +399,7 @@ def test_big_preset_plans():
     assert cfg["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33]
     assert cfg["dflash_config"]["mask_token_id"] == 151669 and cfg["block_size"] == 16
 
-    cfg, plan = checkpoint_plan("gemma4-31b")     # z-lab gemma-4-31B-it-DFlash, SPEC §1b
+    cfg, plan = checkpoint_plan("gemma4-31b")  # z-lab gemma-4-31B-it-DFlash, SPEC §1b
     shapes = {n: s for n, s, _ in plan}
     assert cfg["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
     assert cfg["sliding_window"] == 2048 and cfg["vocab_size"] == 262144
@@ -386,7 +410,7 @@ def test_big_preset_plans():
     assert shapes["layers.4.mlp.gate_proj.weight"] == (10752, 5376)
     assert shapes["fc.weight"] == (5376, 6 * 5376)
 
-    cfg, plan = checkpoint_plan("gpt-oss-20b-b8")   # z-lab gpt-oss-20b-DFlash, SPEC §1b
+    cfg, plan = checkpoint_plan("gpt-oss-20b-b8")  # z-lab gpt-oss-20b-DFlash, SPEC §1b
     shapes = {n: s for n, s, _ in plan}
     assert cfg["num_hidden_layers"] == 8 and cfg["block_size"] == 8
     assert cfg["dflash_config"]["mask_token_id"] == 200000
@@ -413,9 +437,27 @@ def test_big_preset_plans():
 def test_cli(tmp_path):
     out = tmp_path / "cli"
     r = subprocess.run(
-        [sys.executable, "tools/make_checkpoint.py", str(out), "--preset", "tiny", "--shards", "2",
-         "--config-style", "flat", "--markov", "rnn", "--confidence", "--embed", "--seed", "3"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "tools/make_checkpoint.py",
+            str(out),
+            "--preset",
+            "tiny",
+            "--shards",
+            "2",
+            "--config-style",
+            "flat",
+            "--markov",
+            "rnn",
+            "--confidence",
+            "--embed",
+            "--seed",
+            "3",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     assert str(out) in r.stdout and "tensors" in r.stdout and "bytes" in r.stdout
@@ -424,6 +466,157 @@ def test_cli(tmp_path):
     got = load_dir(out)
     assert "markov_head.joint_proj.weight" in got and "embed_tokens.weight" in got
     assert "lm_head.weight" not in got
-    same = load_dir(make_checkpoint(tmp_path / "api", "tiny", config_style="flat", markov="rnn",
-                                    confidence=True, embed=True, seed=3))
+    same = load_dir(
+        make_checkpoint(
+            tmp_path / "api",
+            "tiny",
+            config_style="flat",
+            markov="rnn",
+            confidence=True,
+            embed=True,
+            seed=3,
+        )
+    )
     assert all(np.array_equal(same[k].view(np.uint16), got[k].view(np.uint16)) for k in same)
+
+
+# ----------------------------------------------------------------------------- issue 8 options
+
+
+def expected_bias_shapes(g):
+    h, nh, nkv, hd = g["hidden"], g["n_head"], g["n_kv"], g["head_dim"]
+    out = {}
+    for i in range(g["n_layer"]):
+        p = f"layers.{i}.self_attn."
+        out.update(
+            {
+                p + "q_proj.bias": (nh * hd,),
+                p + "k_proj.bias": (nkv * hd,),
+                p + "v_proj.bias": (nkv * hd,),
+                p + "o_proj.bias": (h,),
+            }
+        )
+    return out
+
+
+def test_attention_bias_tensors(tmp_path):
+    p = make_checkpoint(tmp_path / "c", "tiny", overrides={"attention_bias": True})
+    assert cfg_of(p)["attention_bias"] is True
+    g = PRESETS["tiny"]
+    got = check_tensors(p, {**expected_shapes(g), **expected_bias_shapes(g)})
+    b = got["layers.0.self_attn.q_proj.bias"].astype(np.float32)
+    assert np.all(np.abs(b) <= 0.02) and np.std(b) > 0.001  # biases: U(-0.02, 0.02)
+    assert cfg_of(make_checkpoint(tmp_path / "d", "tiny"))["attention_bias"] is False
+
+
+YARN = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+}
+
+
+def test_rope_scaling_written_per_style(tmp_path):
+    c = cfg_of(make_checkpoint(tmp_path / "a", "tiny", overrides={"rope": YARN}))
+    assert c["rope_theta"] == 10000.0 and c["rope_scaling"] == YARN  # HF 4.x form
+    for style in ("rope_parameters", "rope_scaling"):
+        c = cfg_of(
+            make_checkpoint(tmp_path / style, "tiny", rope_style=style, overrides={"rope": YARN})
+        )
+        assert "rope_theta" not in c and c[style] == {**YARN, "rope_theta": 10000.0}
+    linear = {"rope_type": "linear", "factor": 2.0}
+    c = cfg_of(make_checkpoint(tmp_path / "l", "tiny", overrides={"rope": linear}))
+    assert c["rope_scaling"] == linear
+
+
+def test_rope_per_layer_type(tmp_path):
+    per = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {**YARN, "rope_theta": 1e6},
+    }
+    c = cfg_of(make_checkpoint(tmp_path / "c", "tiny-swa", overrides={"rope_per_layer_type": per}))
+    assert c["rope_parameters"] == per and "rope_theta" not in c and "rope_scaling" not in c
+
+
+def test_is_causal_block_size_nested_and_max_positions(tmp_path):
+    c = cfg_of(
+        make_checkpoint(
+            tmp_path / "a",
+            "tiny",
+            overrides={
+                "is_causal": True,
+                "block_size_nested": True,
+                "max_position_embeddings": 4096,
+            },
+        )
+    )
+    assert c["is_causal"] is True and c["max_position_embeddings"] == 4096
+    assert "block_size" not in c and c["dflash_config"]["block_size"] == 8
+    c = cfg_of(
+        make_checkpoint(
+            tmp_path / "b",
+            "tiny",
+            config_style="flat",
+            overrides={"block_size_nested": True, "is_causal": False},
+        )
+    )
+    assert c["dflash_config"] == {"block_size": 8} and c["is_causal"] is False
+    assert "is_causal" not in cfg_of(make_checkpoint(tmp_path / "d", "tiny"))
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"attention_bias": "yes"}, "attention_bias"),
+        ({"is_causal": 1}, "is_causal"),
+        ({"rope": {"factor": 2.0}}, "rope"),
+        ({"rope_per_layer_type": {"chunked_attention": {}}}, "rope_per_layer_type"),
+        ({"rope_per_layer_type": {}}, "rope_per_layer_type"),
+    ],
+)
+def test_bad_issue8_overrides(tmp_path, overrides, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        make_checkpoint(tmp_path / "c", "tiny", overrides=overrides)
+    assert not (tmp_path / "c").exists()
+
+
+def test_public_presets_of_issue8():
+    """SPEC §1b field for field (plan only, nothing written)."""
+    cfg, plan = checkpoint_plan("gpt-oss-20b-b8")
+    shapes = {n: s for n, s, _ in plan}
+    assert cfg["attention_bias"] is True and cfg["rope_theta"] == 150000.0
+    assert cfg["rope_scaling"] == YARN and cfg["max_position_embeddings"] == 131072
+    assert cfg["num_attention_heads"] == 64 and cfg["head_dim"] == 64
+    for i in range(8):
+        assert shapes[f"layers.{i}.self_attn.q_proj.bias"] == (64 * 64,)
+        assert shapes[f"layers.{i}.self_attn.k_proj.bias"] == (8 * 64,)
+        assert shapes[f"layers.{i}.self_attn.v_proj.bias"] == (8 * 64,)
+        assert shapes[f"layers.{i}.self_attn.o_proj.bias"] == (2880,)
+
+    cfg, plan = checkpoint_plan("qwen3.6-27b")  # z-lab Qwen3.6-27B-DFlash
+    shapes = {n: s for n, s, _ in plan}
+    assert "block_size" not in cfg and cfg["dflash_config"]["block_size"] == 16
+    assert cfg["num_hidden_layers"] == 5 and cfg["sliding_window"] == 2048
+    assert cfg["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert cfg["dflash_config"]["target_layer_ids"] == [1, 16, 31, 46, 61]
+    assert cfg["dflash_config"]["mask_token_id"] == 248070 and cfg["vocab_size"] == 248320
+    assert shapes["layers.0.self_attn.q_proj.weight"] == (32 * 128, 5120)
+    assert shapes["layers.4.mlp.up_proj.weight"] == (17408, 5120)
+    assert shapes["fc.weight"] == (5120, 5 * 5120)
+    assert not any(n.endswith(".bias") for n in shapes)
+
+    cfg, plan = checkpoint_plan("dspark-qwen3-4b-b7")  # DeepSpec DSpark Qwen3-4B block 7
+    shapes = {n: s for n, s, _ in plan}
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and "dflash_config" not in cfg
+    assert cfg["block_size"] == 7 and cfg["mask_token_id"] == 151669
+    assert cfg["target_layer_ids"] == [1, 9, 17, 25, 33] and cfg["rope_theta"] == 1e6
+    assert cfg["hidden_size"] == 2560 and cfg["intermediate_size"] == 9728
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (32, 8, 128)
+    assert cfg["markov_rank"] == 256 and cfg["markov_head_type"] == "vanilla"
+    assert cfg["enable_confidence_head"] is True and cfg["confidence_head_with_markov"] is True
+    assert cfg["sample_from_anchor"] is True
+    assert shapes["confidence_head.proj.weight"] == (1, 2560 + 256)
+    assert shapes["markov_head.markov_w2.weight"] == (151936, 256)

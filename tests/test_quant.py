@@ -103,8 +103,21 @@ def awkward_matrix(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray
 
 def test_q8_0_ties_round_half_away_from_zero() -> None:
     # amax 127 -> d = 1.0 exactly (f16 0x3C00), id = 1, so q = roundf(x).
-    x = block({0: 127, 1: 2.5, 2: -2.5, 3: 0.5, 4: -0.5, 5: 1.5, 6: -1.5,
-               7: F32_BELOW_HALF, 8: -F32_BELOW_HALF, 9: -127, 10: 3.5})
+    x = block(
+        {
+            0: 127,
+            1: 2.5,
+            2: -2.5,
+            3: 0.5,
+            4: -0.5,
+            5: 1.5,
+            6: -1.5,
+            7: F32_BELOW_HALF,
+            8: -F32_BELOW_HALF,
+            9: -127,
+            10: 3.5,
+        }
+    )
     expected = as_bytes(
         [0x00, 0x3C],
         [0x7F, 0x03, 0xFD, 0x01, 0xFF, 0x02, 0xFE, 0x00, 0x00, 0x81, 0x04],
@@ -223,8 +236,24 @@ def test_q4_0_nibble_packing() -> None:
     enc = encode_q4_0((q - 8)[None, :])
     expected = as_bytes(
         [0x00, 0x3C],
-        [0xF0, 0xE1, 0xD2, 0xC3, 0xB4, 0xA5, 0x96, 0x87,
-         0x78, 0x69, 0x5A, 0x4B, 0x3C, 0x2D, 0x1E, 0x0F],
+        [
+            0xF0,
+            0xE1,
+            0xD2,
+            0xC3,
+            0xB4,
+            0xA5,
+            0x96,
+            0x87,
+            0x78,
+            0x69,
+            0x5A,
+            0x4B,
+            0x3C,
+            0x2D,
+            0x1E,
+            0x0F,
+        ],
     )
     np.testing.assert_array_equal(enc, expected)
     np.testing.assert_array_equal(decode_q4_0(enc, (1, 32)), (q - 8)[None, :])

@@ -1,5 +1,6 @@
 """Scale tier: the public drafter geometries at ctx 4096, every precision, every entry point,
 against the reference (run by tools/gpu_suite.sh: pytest -m scale)."""
+
 import numpy as np
 import pytest
 
@@ -16,7 +17,6 @@ def test_public_geometry_at_ctx_4096(engine, preset_checkpoint, preset, precisio
     from pydflash import DflashDraft
 
     d = DflashDraft.load(engine, preset_checkpoint(preset), precision)
-    report = check_paths(engine, d, reference_for(d), 4096, np.random.default_rng(4096),
-                         vocab=4096)
+    report = check_paths(engine, d, reference_for(d), 4096, np.random.default_rng(4096), vocab=4096)
     print(f"SCALE {preset} {precision}: {report}")
     assert report.ok(TOLERANCE[precision]), report

@@ -4,6 +4,7 @@ handed out again and overwritten at once), results read with plain `cp.asnumpy`,
 synchronisation. Without the ordering these tests fail (kernels read reused memory, the caller
 reads results before they exist); `tools/prove_stream_tests.sh` shows it on a device.
 """
+
 import numpy as np
 import pytest
 
@@ -13,9 +14,11 @@ cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
 CTX = 1000
 TOL = TOLERANCE["bf16"]
-GEOMETRIES = ["qwen3-8b-b16",
-              pytest.param("gemma4-31b", marks=pytest.mark.scale),
-              pytest.param("gpt-oss-20b-b8", marks=pytest.mark.scale)]
+GEOMETRIES = [
+    "qwen3-8b-b16",
+    pytest.param("gemma4-31b", marks=pytest.mark.scale),
+    pytest.param("gpt-oss-20b-b8", marks=pytest.mark.scale),
+]
 
 # Spins for delay_ns on the device, then copies src -> dst: a long kernel that writes an input
 # just before the drafter is called.
@@ -58,12 +61,14 @@ class Case:
         self.cfg = self.d.cfg
         ref = reference_for(self.d)
         self.ref = ref
-        self.taps, self.noise, self.pos = random_inputs(self.cfg, CTX, rng,
-                                                        start=int(rng.integers(0, 5000)))
+        self.taps, self.noise, self.pos = random_inputs(
+            self.cfg, CTX, rng, start=int(rng.integers(0, 5000))
+        )
         self.feats = ref.ctx_features(self.taps, CTX)
         self.expect = ref.forward(self.taps, self.noise, self.pos, CTX)
-        self.lm = (rng.standard_normal((4096, self.cfg.hidden), dtype=np.float32)
-                   / np.float32(np.sqrt(self.cfg.hidden)))
+        self.lm = rng.standard_normal((4096, self.cfg.hidden), dtype=np.float32) / np.float32(
+            np.sqrt(self.cfg.hidden)
+        )
         self.last = int(rng.integers(0, 4096))
         self.cuts = [0, 1, 300, 301, 777, CTX]
 
@@ -95,11 +100,11 @@ def user_calls(case, e=None, d=None):
     block = cp.asnumpy(d.forward_block(e, cp.asarray(whole), cp.asarray(noise), pos, CTX))
     junk = scribble(whole.shape, noise.shape)
     kv = DflashKv(e, c, CTX + 5)
-    for a, b in zip(case.cuts, case.cuts[1:]):   # fresh features and device positions each time
+    for a, b in zip(case.cuts, case.cuts[1:]):  # fresh features and device positions each time
         d.ingest_ctx(e, kv, cp.asarray(whole[a:b]), cp.asarray(pos[a:b]), b - a)
         junk = scribble(whole[a:b].shape)
     user_out = cp.full((c.block_size, c.hidden), np.nan, np.float32)
-    for _ in range(2):                           # eager, then the captured graph's replay
+    for _ in range(2):  # eager, then the captured graph's replay
         d.forward_round(e, kv, cp.asarray(noise), pos[CTX:], out=user_out)
         junk = scribble(noise.shape)
         rnd = cp.asnumpy(user_out)
@@ -113,7 +118,7 @@ def user_calls(case, e=None, d=None):
 
 
 def test_every_entry_point_from_the_default_stream(case):
-    assert cp.cuda.get_current_stream().ptr == 0        # CuPy's default (legacy) stream
+    assert cp.cuda.get_current_stream().ptr == 0  # CuPy's default (legacy) stream
     user_calls(case)
 
 
@@ -133,7 +138,7 @@ def test_engine_on_the_callers_stream(case):
         d = DflashDraft.load(e, case.ckpt, "bf16")
         with stream:
             user_calls(case, e, d)
-        user_calls(case, e, d)                         # from the default stream
+        user_calls(case, e, d)  # from the default stream
         del d
 
 
@@ -157,8 +162,14 @@ class CaiProducer:
 
     @property
     def __cuda_array_interface__(self):
-        return {"shape": self.arr.shape, "typestr": "<f4", "data": (self.arr.data.ptr, False),
-                "version": 3, "strides": None, "stream": self.stream.ptr}
+        return {
+            "shape": self.arr.shape,
+            "typestr": "<f4",
+            "data": (self.arr.data.ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": self.stream.ptr,
+        }
 
 
 class DlpackProducer:

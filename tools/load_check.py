@@ -6,6 +6,7 @@ and (with a CUDA device) the GPU drafter against the reference.
 With no argument it builds the `tiny` synthetic checkpoint in a temp dir and checks that.
 Exit code 0 only when the checkpoint is valid (and, on a GPU, the drafter matches).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pydflash import Checkpoint, PydflashError, ReferenceDraft, ReferenceKv  # noqa: E402
-from pydflash.draft import PRECISIONS, precision_bytes  # noqa: E402
-from pydflash.engine import cuda_available  # noqa: E402
+from pydflash.runtime import cuda_available  # noqa: E402
 from pydflash.testing import TOLERANCE, random_inputs, rel  # noqa: E402
+from pydflash.weights import PRECISIONS, precision_bytes  # noqa: E402
 from tools.make_checkpoint import PRESETS, make_checkpoint  # noqa: E402
 
 CTX_ROWS = 64
@@ -36,25 +37,50 @@ def gib(n: int) -> str:
 
 
 def describe(ckpt: Checkpoint) -> None:
+    from pydflash import rope
+
     c = ckpt.cfg
     print(f"checkpoint   {ckpt.path}")
-    print(f"geometry     hidden {c.hidden}, heads {c.n_head}/{c.n_kv} x {c.head_dim}, "
-          f"n_ff {c.n_ff}, layers {c.n_layer}, block {c.block_size}, vocab {c.vocab_size}")
+    print(
+        f"geometry     hidden {c.hidden}, heads {c.n_head}/{c.n_kv} x {c.head_dim}, "
+        f"n_ff {c.n_ff}, layers {c.n_layer}, block {c.block_size}, vocab {c.vocab_size}"
+    )
     print(f"taps         target_layer_ids {list(c.target_layer_ids)} (n_taps {c.n_taps})")
-    print(f"rope         theta {c.rope_theta:g}, {c.rope_type} scaling"
-          + (f" factor {c.rope_scale:g}" if c.rope_type != "default" else "") + f"; eps {c.eps:g}")
+    # RoPE per layer, runs of equal specs folded: type, theta, parameters, attention factor
+    runs: list[list] = []
+    for i in range(c.n_layer):
+        spec = c.rope_of(i)
+        if runs and runs[-1][2] == spec:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i, spec])
+    for n, (a, b, spec) in enumerate(runs):
+        where = f"layer {a}" if a == b else f"layers {a}-{b}"
+        print(f"{'rope' if n == 0 else '':13s}{where}: {rope.describe(spec)}")
+    print(f"norms        eps {c.eps:g}")
     sliding = [i for i, s in enumerate(c.layer_sliding) if s]
-    print("attention    " + (f"sliding window {c.sliding_window} on layers {sliding}"
-                               if sliding else "full on every layer"))
-    print(f"layout       {c.layout}; mask token {c.mask_token_id}; architectures "
-          f"{list(c.architectures)}")
+    print(
+        "attention    "
+        + (
+            f"sliding window {c.sliding_window} on layers {sliding}"
+            if sliding
+            else "full on every layer"
+        )
+        + f"; q/k/v/o bias {'yes' if c.attention_bias else 'no'}; "
+        + ("causal inside the block (is_causal)" if c.is_causal else "non-causal inside the block")
+    )
+    print(
+        f"layout       {c.layout}; mask token {c.mask_token_id}; architectures "
+        f"{list(c.architectures)}"
+    )
     heads = []
     if c.has_markov:
         heads.append(f"markov {c.markov_type} rank {c.markov_rank}")
     if c.confidence_head:
         heads.append("confidence" + (" (with markov)" if c.confidence_with_markov else ""))
-    heads += [n for n, has in (("embed_tokens", ckpt.has_embed), ("lm_head", ckpt.has_lm_head))
-              if has]
+    heads += [
+        n for n, has in (("embed_tokens", ckpt.has_embed), ("lm_head", ckpt.has_lm_head)) if has
+    ]
     print(f"heads        {', '.join(heads) if heads else 'none (backbone only)'}")
     by_dtype: dict[str, list[int]] = {}
     for t in ckpt.tensors.values():
@@ -64,8 +90,10 @@ def describe(ckpt: Checkpoint) -> None:
     inv = ", ".join(f"{d}: {n} tensors {gib(b)}" for d, (n, b) in sorted(by_dtype.items()))
     print(f"tensors      {len(ckpt.tensors)} ({gib(ckpt.total_bytes)}): {inv}")
     if ckpt.unknown:
-        print(f"unknown      {len(ckpt.unknown)} extra tensor(s), ignored: "
-              f"{', '.join(ckpt.unknown[:8])}{' ...' if len(ckpt.unknown) > 8 else ''}")
+        print(
+            f"unknown      {len(ckpt.unknown)} extra tensor(s), ignored: "
+            f"{', '.join(ckpt.unknown[:8])}{' ...' if len(ckpt.unknown) > 8 else ''}"
+        )
     print("device memory per precision (weights):")
     for p in PRECISIONS:
         total, round_bytes = precision_bytes(c, p)
@@ -83,9 +111,11 @@ def reference_check(ckpt_dir: Path, rng: np.random.Generator) -> None:
     ref.ingest_ctx(kv, ref.ctx_features(taps, ctx), pos[:ctx], ctx)
     cached = ref.forward_round(kv, noise, pos[ctx:])
     norms = np.linalg.norm(out, axis=1)
-    print(f"reference    forward ctx {ctx}: out {list(out.shape)}, row norms "
-          f"min {norms.min():.4f} max {norms.max():.4f}, finite {bool(np.isfinite(out).all())}; "
-          f"cached round rel diff {rel(cached, out):.2e} ({time.perf_counter() - t0:.1f} s)")
+    print(
+        f"reference    forward ctx {ctx}: out {list(out.shape)}, row norms "
+        f"min {norms.min():.4f} max {norms.max():.4f}, finite {bool(np.isfinite(out).all())}; "
+        f"cached round rel diff {rel(cached, out):.2e} ({time.perf_counter() - t0:.1f} s)"
+    )
     if not np.isfinite(out).all():
         raise SystemExit("reference forward produced non-finite values")
 
@@ -106,15 +136,19 @@ def gpu_check(ckpt_dir: Path, precision: str, ctx: int, rng: np.random.Generator
     load_s = time.perf_counter() - t0
     free1, _ = cp.cuda.runtime.memGetInfo()
     cfg = draft.cfg
-    print(f"gpu          {e.name} ({e.arch}); loaded {precision} in {load_s:.2f} s, device "
-          f"memory used {gib(free0 - free1)} (weights {gib(draft.weight_bytes)} per round)")
+    print(
+        f"gpu          {e.name} ({e.arch}); loaded {precision} in {load_s:.2f} s, device "
+        f"memory used {gib(free0 - free1)} (weights {gib(draft.weight_bytes)} per round)"
+    )
     r = check_paths(e, draft, reference_for(draft), ctx, rng, vocab=4096)
     ok = r.ok(TOLERANCE[precision])
-    print(f"gpu vs ref   {precision} ctx {ctx}: rel error forward {r.forward:.2e}, ctx_features "
-          f"{r.ctx_features:.2e}, ingest+round {r.round_one_ingest:.2e} (one call) "
-          f"{r.round_many_ingests:.2e} (many); paths bit-identical "
-          f"{r.block_equals_forward and r.rounds_equal_block}, tokens equal {r.tokens_equal} "
-          f"(limit {TOLERANCE[precision]:g}) {'OK' if ok else 'FAIL'}")
+    print(
+        f"gpu vs ref   {precision} ctx {ctx}: rel error forward {r.forward:.2e}, ctx_features "
+        f"{r.ctx_features:.2e}, ingest+round {r.round_one_ingest:.2e} (one call) "
+        f"{r.round_many_ingests:.2e} (many); paths bit-identical "
+        f"{r.block_equals_forward and r.rounds_equal_block}, tokens equal {r.tokens_equal} "
+        f"(limit {TOLERANCE[precision]:g}) {'OK' if ok else 'FAIL'}"
+    )
     taps, noise, pos = random_inputs(cfg, ctx, rng)
     kv = DflashKv(e, cfg, ctx)
     draft.ingest_ctx(e, kv, draft.ctx_features(e, cp.asarray(taps), ctx), pos[:ctx], ctx)
@@ -128,8 +162,10 @@ def gpu_check(ckpt_dir: Path, precision: str, ctx: int, rng: np.random.Generator
         stop.synchronize()
         if i >= 10:
             times.append(cp.cuda.get_elapsed_time(start, stop))
-    print(f"gpu timing   {precision} forward_round median {np.median(times):.3f} ms over "
-          f"{len(times)} rounds (ctx {ctx}, from the default stream)")
+    print(
+        f"gpu timing   {precision} forward_round median {np.median(times):.3f} ms over "
+        f"{len(times)} rounds (ctx {ctx}, from the default stream)"
+    )
     del draft, kv
     cp.get_default_memory_pool().free_all_blocks()
     return ok
@@ -147,14 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.ckpt_dir and args.preset:
             ap.error("give a checkpoint directory or --preset, not both")
-        ckpt_dir = (Path(args.ckpt_dir) if args.ckpt_dir
-                    else make_checkpoint(Path(tmp) / "ckpt", args.preset or "tiny"))
+        ckpt_dir = (
+            Path(args.ckpt_dir)
+            if args.ckpt_dir
+            else make_checkpoint(Path(tmp) / "ckpt", args.preset or "tiny")
+        )
         if not args.ckpt_dir:
             print(f"built        synthetic preset {args.preset or 'tiny'} in {ckpt_dir}")
         try:
             ckpt = Checkpoint.open(ckpt_dir)
             describe(ckpt)
-            if args.cpu_only or not cuda_available():   # on a GPU, gpu_check holds the reference
+            if args.cpu_only or not cuda_available():  # on a GPU, gpu_check holds the reference
                 reference_check(ckpt_dir, rng)
         except PydflashError as exc:
             print(f"INVALID: {exc}")

@@ -61,6 +61,16 @@ _TINY = {
     "embed": False,
     "lm_head": False,
     "layout": None,  # None | "bonus_anchor" | "sample_from_anchor"
+    "attention_bias": False,  # True: config attention_bias and q/k/v/o .bias tensors [out]
+    # RoPE parameters besides rope_theta: None (default RoPE) or e.g. {"rope_type": "yarn",
+    # "factor": 32.0, "original_max_position_embeddings": 4096, ...}; written per rope_style
+    "rope": None,
+    # per-layer-type RoPE, written as rope_parameters = {"sliding_attention": {...},
+    # "full_attention": {...}} (each entry its own rope_type and rope_theta); None = not used
+    "rope_per_layer_type": None,
+    "block_size_nested": False,  # True: block_size inside dflash_config instead of top level
+    "max_position_embeddings": 40960,
+    "is_causal": None,  # None: key absent; True/False: written as is_causal
 }
 
 _QWEN3_8B = dict(
@@ -80,6 +90,8 @@ _QWEN3_8B = dict(
     markov_rank=256,
 )
 
+# Each public preset matches its published config.json field for field (SPEC §1b); the comment
+# names the source. Fields the source leaves blank are chosen and say so.
 PRESETS: dict[str, dict] = {
     "tiny": dict(_TINY),
     "tiny-swa": dict(
@@ -101,9 +113,11 @@ PRESETS: dict[str, dict] = {
         lm_head=True,
         layout="sample_from_anchor",
     ),
+    # z-lab Qwen3-8B-DFlash-b16 (SPEC §1b)
     "qwen3-8b-b16": dict(_QWEN3_8B),
+    # z-lab Qwen3-4B-DFlash-b16: the Qwen3-8B drafter at Qwen3-4B's width (hidden 2560, n_ff 9728)
     "qwen3-4b-b16": dict(_QWEN3_8B, hidden=2560, n_ff=9728),
-    # z-lab gemma-4-31B-it-DFlash (SPEC §1b): 64/8 heads x 128, n_ff 10752, 4 sliding (2048) + 1 full
+    # z-lab gemma-4-31B-it-DFlash (SPEC §1b): 64/8 x 128, n_ff 10752, 4 sliding (2048) + 1 full
     "gemma4-31b": dict(
         _QWEN3_8B,
         hidden=5376,
@@ -120,7 +134,11 @@ PRESETS: dict[str, dict] = {
         target_layer_ids=[1, 12, 23, 35, 46, 57],
         num_target_layers=60,
     ),
-    # z-lab gpt-oss-20b-DFlash (SPEC §1b): 64/8 heads x 64, n_ff 7680, 8 layers, block 8
+    # z-lab gpt-oss-20b-DFlash (SPEC §1b): 64/8 heads x 64, n_ff 7680, 8 layers, block 8,
+    # attention_bias true (q/k/v/o biases), theta 150000 with YaRN factor 32 over an original
+    # 4096. beta_fast 32, beta_slow 1, truncate false and max_position_embeddings 131072 are
+    # openai/gpt-oss-20b's own config (transformers GptOssConfig); the drafter's copy of them
+    # could not be read.
     "gpt-oss-20b-b8": dict(
         _QWEN3_8B,
         hidden=2880,
@@ -135,9 +153,61 @@ PRESETS: dict[str, dict] = {
         target_layer_ids=[1, 6, 11, 16, 21],
         num_target_layers=24,
         rope_theta=150000.0,
+        attention_bias=True,
+        rope={
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+        },
+        max_position_embeddings=131072,
     ),
+    # z-lab Qwen3.6-27B-DFlash (SPEC §1b: 5 layers, 4 sliding (2048) + 1 full, block 16 nested
+    # in dflash_config). The blank SPEC cells are filled from the drafter's config as quoted by
+    # third-party DFlash runtimes' test fixtures (searched, not read from the hub): hidden
+    # 5120, 32/8 heads x 128, n_ff 17408, vocab 248320, mask 248070, taps 1,16,31,46,61 of 64
+    # target layers. theta 1e7 (default RoPE) and max_position_embeddings 262144 are
+    # Qwen3.6-27B's (Qwen3.5 family); chosen, not read from the drafter's config.
+    "qwen3.6-27b": dict(
+        _QWEN3_8B,
+        hidden=5120,
+        n_head=32,
+        n_kv=8,
+        head_dim=128,
+        n_ff=17408,
+        n_layer=5,
+        vocab=248320,
+        block_size=16,
+        block_size_nested=True,
+        mask_token_id=248070,
+        target_layer_ids=[1, 16, 31, 46, 61],
+        num_target_layers=64,
+        rope_theta=10000000.0,
+        layer_types=["sliding_attention"] * 4 + ["full_attention"],
+        sliding_window=2048,
+        max_position_embeddings=262144,
+    ),
+    # deepseek-ai dspark_qwen3_8b_block7 (DeepSpec DSpark, Qwen3-8B, block 7)
     "dspark-qwen3-8b-b7": dict(
         _QWEN3_8B,
+        block_size=7,
+        config_style="flat",
+        architectures=["Qwen3DSparkModel"],
+        markov_type="vanilla",
+        markov_rank=256,
+        confidence=True,
+        confidence_with_markov=True,
+        layout="sample_from_anchor",
+    ),
+    # DeepSpec DSpark Qwen3-4B block 7 (SPEC §1b): hidden 2560, 32/8 x 128, n_ff 9728, 5 layers,
+    # taps 1,9,17,25,33, mask 151669 at top level, theta 1e6, Qwen3DSparkModel, vanilla Markov
+    # head of rank 256, confidence head with Markov
+    "dspark-qwen3-4b-b7": dict(
+        _QWEN3_8B,
+        hidden=2560,
+        n_ff=9728,
         block_size=7,
         config_style="flat",
         architectures=["Qwen3DSparkModel"],
@@ -262,7 +332,9 @@ def checkpoint_plan(
     else:
         mtype = markov
     if mtype is not None and mtype not in _MARKOV_TYPES:
-        raise ValueError(f"markov must be None, False, 'none' or one of {_MARKOV_TYPES}, got {markov!r}")
+        raise ValueError(
+            f"markov must be None, False, 'none' or one of {_MARKOV_TYPES}, got {markov!r}"
+        )
     conf = bool(g["confidence"] if confidence is None else confidence)
     with_embed = bool(g["embed"] if embed is None else embed)
     with_lm_head = bool(g["lm_head"] if lm_head is None else lm_head)
@@ -286,6 +358,27 @@ def checkpoint_plan(
     if mtype is not None and not rank:
         raise ValueError("a Markov head needs a positive markov_rank")
     conf_with_markov = bool(conf and mtype is not None and g["confidence_with_markov"])
+    bias = g["attention_bias"]
+    if not isinstance(bias, bool):
+        raise ValueError(f"attention_bias must be true or false, got {bias!r}")
+    if g["is_causal"] is not None and not isinstance(g["is_causal"], bool):
+        raise ValueError(f"is_causal must be None, true or false, got {g['is_causal']!r}")
+    rope = g["rope"]
+    if rope is not None and (not isinstance(rope, dict) or "rope_type" not in rope):
+        raise ValueError(f"rope must be None or a dict with a rope_type, got {rope!r}")
+    per_type = g["rope_per_layer_type"]
+    if per_type is not None and (
+        not isinstance(per_type, dict)
+        or not per_type
+        or not all(
+            k in ("sliding_attention", "full_attention") and isinstance(v, dict)
+            for k, v in per_type.items()
+        )
+    ):
+        raise ValueError(
+            "rope_per_layer_type must be None or {'sliding_attention'|'full_attention': {...}}, "
+            f"got {per_type!r}"
+        )
 
     # ---- config.json
     cfg: dict = {
@@ -303,27 +396,36 @@ def checkpoint_plan(
             "num_hidden_layers": n_layer,
             "vocab_size": vocab,
             "rms_norm_eps": g["eps"],
-            "max_position_embeddings": 40960,
+            "max_position_embeddings": g["max_position_embeddings"],
             "hidden_act": "silu",
-            "attention_bias": False,
+            "attention_bias": bias,
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
         }
     )
-    if rope_style == "top":
+    if per_type is not None:  # transformers v5 per-layer-type form: theta inside each entry
+        cfg["rope_parameters"] = copy.deepcopy(per_type)
+    elif rope_style == "top":
         cfg["rope_theta"] = g["rope_theta"]
+        if rope is not None and rope["rope_type"] != "default":
+            cfg["rope_scaling"] = dict(rope)  # HF 4.x form: theta at top, scaling beside it
     else:
-        cfg[rope_style] = {"rope_type": "default", "rope_theta": g["rope_theta"]}
+        cfg[rope_style] = {"rope_type": "default", **(rope or {}), "rope_theta": g["rope_theta"]}
+    if g["is_causal"] is not None:
+        cfg["is_causal"] = g["is_causal"]
     if g["layer_types"] is not None:
         cfg["layer_types"] = list(g["layer_types"])
     if g["sliding_window"] is not None:
         cfg["sliding_window"] = g["sliding_window"]
-    cfg["block_size"] = g["block_size"]
+    if not g["block_size_nested"]:
+        cfg["block_size"] = g["block_size"]
     if style == "nested":
         cfg["dflash_config"] = {"mask_token_id": g["mask_token_id"], "target_layer_ids": taps}
     else:
         cfg["mask_token_id"] = g["mask_token_id"]
         cfg["target_layer_ids"] = taps
+    if g["block_size_nested"]:
+        cfg.setdefault("dflash_config", {})["block_size"] = g["block_size"]
     ntl = g.get("num_target_layers")
     cfg["num_target_layers"] = int(ntl) if ntl is not None else (max(taps) + 1 if taps else 0)
 
@@ -353,6 +455,16 @@ def checkpoint_plan(
             (p + "self_attn.k_proj.weight", (nkv * hd, hidden), "weight"),
             (p + "self_attn.v_proj.weight", (nkv * hd, hidden), "weight"),
             (p + "self_attn.o_proj.weight", (hidden, nh * hd), "weight"),
+            *(
+                [
+                    (p + "self_attn.q_proj.bias", (nh * hd,), "bias"),
+                    (p + "self_attn.k_proj.bias", (nkv * hd,), "bias"),
+                    (p + "self_attn.v_proj.bias", (nkv * hd,), "bias"),
+                    (p + "self_attn.o_proj.bias", (hidden,), "bias"),
+                ]
+                if bias
+                else []
+            ),
             (p + "self_attn.q_norm.weight", (hd,), "norm"),
             (p + "self_attn.k_norm.weight", (hd,), "norm"),
             (p + "post_attention_layernorm.weight", (hidden,), "norm"),
@@ -457,7 +569,9 @@ def _write(
             entries.append((name, arr.nbytes, (lambda a=arr: a)))
         else:
             nbytes = int(math.prod(shape)) * 2
-            entries.append((name, nbytes, (lambda n=name, s=shape, k=kind: _generate(seed, n, s, k))))
+            entries.append(
+                (name, nbytes, (lambda n=name, s=shape, k=kind: _generate(seed, n, s, k)))
+            )
     for name, arr in extra.items():
         if name not in names and name not in drop:
             entries.append((name, arr.nbytes, (lambda a=arr: a)))
