@@ -62,3 +62,43 @@ extern "C" __global__ void scatter_block_pos(int* pos, const int* len, const int
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < b) pos[*len + i] = block_pos[i];
 }
+
+// A round's block embeddings from the target's table [n_rows_table, cols] (row stride ld), read
+// on the device: out[0] = table[*last] * *scale, out[1..b-1] = table[mask_id] * *scale (f32
+// products). An id outside the table gives a NaN row, never an out-of-bounds read.
+template <typename T>
+__device__ __forceinline__ float table_value(const T* table, long long at);
+template <>
+__device__ __forceinline__ float table_value<bf16_bits>(const bf16_bits* table, long long at) {
+    return bf16_to_f32(table[at]);
+}
+template <>
+__device__ __forceinline__ float table_value<float>(const float* table, long long at) {
+    return table[at];
+}
+
+template <typename T>
+__device__ __forceinline__ void block_embed(const T* table, long long ld, long long n_rows_table,
+                                            const int* last, int mask_id, const float* scale,
+                                            float* out, int b, long long cols) {
+    const float s = *scale;
+    const int first = *last;
+    for (long long i = gtid(); i < (long long)b * cols; i += gstride()) {
+        const long long r = i / cols, c = i % cols;
+        const long long id = r == 0 ? first : mask_id;
+        out[i] = (id >= 0 && id < n_rows_table) ? table_value<T>(table, id * ld + c) * s
+                                                : __int_as_float(0x7fc00000);
+    }
+}
+
+extern "C" __global__ void block_embed_bf16(const bf16_bits* table, long long ld,
+                                            long long n_rows_table, const int* last, int mask_id,
+                                            const float* scale, float* out, int b, long long cols) {
+    block_embed<bf16_bits>(table, ld, n_rows_table, last, mask_id, scale, out, b, cols);
+}
+
+extern "C" __global__ void block_embed_f32(const float* table, long long ld,
+                                           long long n_rows_table, const int* last, int mask_id,
+                                           const float* scale, float* out, int b, long long cols) {
+    block_embed<float>(table, ld, n_rows_table, last, mask_id, scale, out, b, cols);
+}

@@ -17,12 +17,19 @@
 //
 // Epilogues: STORE Y = v; ADD Y = R + v (R may alias Y: residual in place); SILU_MUL for a fused
 // gate/up weight whose rows come in groups of 8 gate rows then the matching 8 up rows:
-// Y[:, j] = silu(gate_j) * up_j, Y has N/2 columns.
+// Y[:, j] = silu(gate_j) * up_j, Y has N/2 columns. SAMPLE (no K split) streams logits into
+// sampling partials instead of (or as well as) storing them: z = v, soft-capped first when
+// apply_cap and params[1] > 0 (z = tanh(z / cap) * cap), then + R when R is given (a residual row
+// added after the cap: the Markov bias pass over the capped lm-head logits), stored to Y only when
+// Y is given; then, when `part` is given, each block reduces its rows of every token to one
+// Gumbel-max partial (sampling.cuh: best score + index, y of the best, max and sum-exp of
+// y = z / T) that sampling.cu's sample_finish combines. Nothing of size [M, N] is written unless
+// Y is given.
 //
 // Storage (see pydflash/tensor.py): bf16 [N, K] u16; f32 [N, K]; q8_0 qs int8 [N, K] + d f16
 // [N, K/32]; q4_0 qs [N, K/2] (per 32-block: byte j = element j low nibble, j+16 high nibble,
 // the GGML order) + d f16 [N, K/32]. K % 32 == 0 always.
-#include "common.cuh"
+#include "sampling.cuh"
 
 #define FMT_BF16 0
 #define FMT_Q8_0 1
@@ -30,11 +37,37 @@
 #define EPI_STORE 0
 #define EPI_ADD 1
 #define EPI_SILU_MUL 2
+#define EPI_SAMPLE 3
 // From pydflash/ops/linear.py: warps per block, 32-chunks each warp loads before computing,
 // output rows per block (two m-tiles of 16: the code is written for exactly 32).
 PYDFLASH_REQUIRE(LIN_NWARPS);
 PYDFLASH_REQUIRE(LIN_UNROLL);
 static_assert(LIN_ROWS == 32, "linear_mma owns 2 m-tiles of 16 rows");
+// warps per block of the f32 kernel: 8 row pairs = one 16-row tile (the SAMPLE tile assumes it)
+static_assert(LIN_F32_WARPS == 8, "linear_f32 blocks own one 16-row tile");
+
+// The SAMPLE epilogue's extra arguments (all null / 0 for the other epilogues).
+struct SampleArgs {
+    float* part;            // [row blocks, M] x 4 floats, or null: store only
+    int* part_idx;          // [row blocks, M]
+    const float* params;    // [0] = T (<= 0: greedy), [1] = soft-cap (<= 0: none)
+    const unsigned* rng;    // seed lo, seed hi, offset lo, offset hi
+    int slot_base;          // the Philox row of token 0 (its draft slot)
+    int apply_cap;          // 1: soft-cap the product (the lm-head pass), 0: not (Markov pass)
+};
+
+// SAMPLE: one output's logit z (cap, then + R, then stored to Y when given).
+__device__ __forceinline__ float sample_value(const SampleArgs& sa, float* Y, long long ldy,
+                                              const float* R, long long ldr, long long row,
+                                              long long tok, float v) {
+    if (sa.apply_cap) {
+        const float cap = sa.params[1];
+        if (cap > 0.f) v = tanhf(v / cap) * cap;
+    }
+    if (R != nullptr) v += R[tok * ldr + row];
+    if (Y != nullptr) Y[tok * ldy + row] = v;
+    return v;
+}
 
 // int8 pair -> bf16x2 (exact: |q| <= 128).
 __device__ __forceinline__ unsigned i8x2_to_bf16x2(int q0, int q1) {
@@ -106,8 +139,10 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
                                            const float* __restrict__ X, long long ldx, float* Y,
                                            long long ldy, const float* R, long long ldr, int M,
                                            int N, int K, int chunks_per_split,
-                                           long long split_stride) {
+                                           long long split_stride, const SampleArgs sa) {
     __shared__ float red[LIN_NWARPS][32][2 * NT * 4];
+    // SAMPLE: the block's outputs, [token][row] (a 1-float dummy for the other epilogues)
+    __shared__ float stile[EPI == EPI_SAMPLE ? NT * 8 : 1][EPI == EPI_SAMPLE ? LIN_ROWS + 1 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const long long row0 = (long long)blockIdx.y * LIN_ROWS;
@@ -243,12 +278,23 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
         const long long tok = tok0 + nt * 8 + 2 * lt + j;
         const long long r = row0 + mt * 16 + lg;
         if (tok >= M) continue;
-        if (EPI == EPI_SILU_MUL) {
+        if constexpr (EPI == EPI_SAMPLE) {
+            const int tl = nt * 8 + 2 * lt + j, rl = mt * 16 + lg;
+            if (r < N) stile[tl][rl] = sample_value(sa, Y, ldy, R, ldr, r, tok, v0);
+            if (r + 8 < N) stile[tl][rl + 8] = sample_value(sa, Y, ldy, R, ldr, r + 8, tok, v1);
+        } else if (EPI == EPI_SILU_MUL) {
             const long long col = (row0 + mt * 16) / 2 + lg;
             if (r < N) Y[tok * ldy + col] = silu(v0) * v1;
         } else {
             if (r < N) epilogue_store<EPI>(Y, ldy, R, ldr, r, tok, v0);
             if (r + 8 < N) epilogue_store<EPI>(Y, ldy, R, ldr, r + 8, tok, v1);
+        }
+    }
+    if constexpr (EPI == EPI_SAMPLE) {
+        if (sa.part != nullptr) {  // a kernel argument: uniform across the block
+            __syncthreads();
+            sample_tile(&stile[0][0], LIN_ROWS + 1, NT * 8, LIN_ROWS, tok0, M, row0, N, sa.params,
+                        sa.rng, sa.slot_base, sa.part, sa.part_idx, blockIdx.y);
         }
     }
 }
@@ -259,19 +305,21 @@ template <int EPI>
 __device__ __forceinline__ void linear_f32(const float* __restrict__ W,
                                            const float* __restrict__ X, long long ldx, float* Y,
                                            long long ldy, const float* R, long long ldr, int M,
-                                           int N, int K) {
+                                           int N, int K, const SampleArgs sa) {
+    // SAMPLE: the block's 16 rows x 16 tokens, [token][row]
+    __shared__ float stile[EPI == EPI_SAMPLE ? 16 : 1][EPI == EPI_SAMPLE ? 17 : 1];
     const int lane = threadIdx.x & 31;
     const long long pair = (long long)blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long r = (pair >> 3) * 16 + (pair & 7);
-    if (r >= N) return;
-    const bool has8 = r + 8 < N;
+    if (EPI != EPI_SAMPLE && r >= N) return;  // SAMPLE: every warp reaches the block barrier
+    const bool live = r < N, has8 = r + 8 < N;
     const long long tok0 = (long long)blockIdx.x * 16;
     float a0[16], a1[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) a0[i] = a1[i] = 0.f;
-    const float* w0 = W + r * K;
-    const float* w1 = W + (has8 ? r + 8 : r) * K;
-    for (int k = lane; k < K; k += 32) {
+    const float* w0 = W + (live ? r : 0) * K;
+    const float* w1 = W + (has8 ? r + 8 : (live ? r : 0)) * K;
+    for (int k = live ? lane : K; k < K; k += 32) {
         const float u0 = w0[k], u1 = w1[k];
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
@@ -287,11 +335,21 @@ __device__ __forceinline__ void linear_f32(const float* __restrict__ W,
         const float v0 = warp_sum(a0[i]), v1 = warp_sum(a1[i]);
         const long long tok = tok0 + i;
         if (lane != 0 || tok >= M) continue;
-        if (EPI == EPI_SILU_MUL) {
+        if constexpr (EPI == EPI_SAMPLE) {
+            if (live) stile[i][pair & 7] = sample_value(sa, Y, ldy, R, ldr, r, tok, v0);
+            if (has8) stile[i][(pair & 7) + 8] = sample_value(sa, Y, ldy, R, ldr, r + 8, tok, v1);
+        } else if (EPI == EPI_SILU_MUL) {
             Y[tok * ldy + (r >> 4) * 8 + (r & 7)] = silu(v0) * v1;
         } else {
             epilogue_store<EPI>(Y, ldy, R, ldr, r, tok, v0);
             if (has8) epilogue_store<EPI>(Y, ldy, R, ldr, r + 8, tok, v1);
+        }
+    }
+    if constexpr (EPI == EPI_SAMPLE) {
+        if (sa.part != nullptr) {
+            __syncthreads();
+            sample_tile(&stile[0][0], 17, 16, 16, tok0, M, (long long)blockIdx.y * 16, N,
+                        sa.params, sa.rng, sa.slot_base, sa.part, sa.part_idx, blockIdx.y);
         }
     }
 }
@@ -305,7 +363,18 @@ __device__ __forceinline__ void linear_f32(const float* __restrict__ W,
              float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K,      \
              int chunks_per_split, long long split_stride) {                                   \
         linear_mma<FMT, NT, EPI>(W, scales, X, ldx, Y, ldy, R, ldr, M, N, K, chunks_per_split, \
-                                 split_stride);                                                \
+                                 split_stride, SampleArgs{nullptr, nullptr, nullptr, nullptr, 0, 0}); \
+    }
+// The SAMPLE epilogue: one K range (no split), sampling partials per 32-row block.
+#define LINEAR_SAMPLE_ENTRY(name, FMT, NT)                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * LIN_NWARPS)                             \
+        name(const unsigned char* W, const f16_bits* scales, const float* X, long long ldx,    \
+             float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K,      \
+             float* part, int* part_idx, const float* params, const unsigned* rng,             \
+             int slot_base, int apply_cap) {                                                  \
+        linear_mma<FMT, NT, EPI_SAMPLE>(                                                       \
+            W, scales, X, ldx, Y, ldy, R, ldr, M, N, K, K / 32, 0,                             \
+            SampleArgs{part, part_idx, params, rng, slot_base, apply_cap});                    \
     }
 #define LINEAR_MMA_ALL(fname, FMT)                                                             \
     LINEAR_MMA_ENTRY(linear_##fname##_store, FMT, 2, EPI_STORE)                                \
@@ -313,7 +382,9 @@ __device__ __forceinline__ void linear_f32(const float* __restrict__ W,
     LINEAR_MMA_ENTRY(linear_##fname##_silu_mul, FMT, 2, EPI_SILU_MUL)                          \
     LINEAR_MMA_ENTRY(linear_##fname##_store_nt1, FMT, 1, EPI_STORE)                            \
     LINEAR_MMA_ENTRY(linear_##fname##_add_nt1, FMT, 1, EPI_ADD)                                \
-    LINEAR_MMA_ENTRY(linear_##fname##_silu_mul_nt1, FMT, 1, EPI_SILU_MUL)
+    LINEAR_MMA_ENTRY(linear_##fname##_silu_mul_nt1, FMT, 1, EPI_SILU_MUL)                      \
+    LINEAR_SAMPLE_ENTRY(linear_##fname##_sample, FMT, 2)                                       \
+    LINEAR_SAMPLE_ENTRY(linear_##fname##_sample_nt1, FMT, 1)
 
 LINEAR_MMA_ALL(bf16, FMT_BF16)
 LINEAR_MMA_ALL(q8_0, FMT_Q8_0)
@@ -324,8 +395,21 @@ LINEAR_MMA_ALL(q4_0, FMT_Q4_0)
     extern "C" __global__ void name(const float* W, const f16_bits* scales, const float* X,    \
                                     long long ldx, float* Y, long long ldy, const float* R,    \
                                     long long ldr, int M, int N, int K) {                      \
-        linear_f32<EPI>(W, X, ldx, Y, ldy, R, ldr, M, N, K);                                   \
+        linear_f32<EPI>(W, X, ldx, Y, ldy, R, ldr, M, N, K,                                    \
+                        SampleArgs{nullptr, nullptr, nullptr, nullptr, 0, 0});                 \
     }
 LINEAR_F32_ENTRY(linear_f32_store, EPI_STORE)
 LINEAR_F32_ENTRY(linear_f32_add, EPI_ADD)
 LINEAR_F32_ENTRY(linear_f32_silu_mul, EPI_SILU_MUL)
+
+// f32 SAMPLE: grid x = token groups of 16, y = 16-row tiles (one per block of LIN_F32_WARPS
+// warps); sampling partials per 16-row block.
+extern "C" __global__ void linear_f32_sample(const float* W, const f16_bits* scales,
+                                             const float* X, long long ldx, float* Y,
+                                             long long ldy, const float* R, long long ldr, int M,
+                                             int N, int K, float* part, int* part_idx,
+                                             const float* params, const unsigned* rng,
+                                             int slot_base, int apply_cap) {
+    linear_f32<EPI_SAMPLE>(W, X, ldx, Y, ldy, R, ldr, M, N, K,
+                           SampleArgs{part, part_idx, params, rng, slot_base, apply_cap});
+}

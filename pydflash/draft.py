@@ -2,7 +2,9 @@
 
 The data flow, top to bottom:
   taps --ctx_features--> ctx features --ingest_ctx--> draft KV (DflashKv)
-  noise_emb + draft KV --forward_round--> block hidden --draft_tokens--> draft token ids
+  noise_emb + draft KV --forward_round--> block hidden --draft--> draft tokens (+ q, probs,
+  confidence); propose = embeddings + forward_round + draft as one CUDA graph, commit = the
+  accepted rows' ctx_features + ingest_ctx (pydflash.round_api, the DraftApi base class)
 `forward_block` and `forward` are the same path over a temporary KV (so a cached round equals
 the full forward bit for bit). Nothing in ingest_ctx/forward_round allocates or waits on the
 host: their buffers live in the drafter's RoundBuffers (one drafter = one stream of rounds).
@@ -20,46 +22,27 @@ import numpy as np
 from . import checks
 from .checkpoint import Checkpoint
 from .config import DflashCfg
-from .draft_step import DraftStep
 from .engine import Engine
 from .envelope import check_geometry
 from .errors import ShapeError
 from .kv import DflashKv
 from .ops import attention, linear, norm, qkv_rope
 from .ops.elementwise import scatter_block_pos
-from .rope import attention_factor, inv_freq
+from .round_api import DraftApi
+from .round_buffers import INGEST_CHUNK, RoundBuffers
 from .tensor import GpuTensor
-from .weights import PRECISIONS, DflashLayer, MarkovHead, host_weights, load_weights
-
-INGEST_CHUNK = 256  # ctx rows projected per launch in ingest_ctx (bounds its buffers)
-
-
-class RoundBuffers:
-    """Device buffers of the block rows and ingest chunks, allocated once per drafter, and the
-    per-layer RoPE tables. The split-K factors are fixed per weight, so the partial-sum
-    buffers are sized here too."""
-
-    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer) -> None:
-        b = cfg.block_size
-        self.ks_qkv, self.ks_kv = linear.k_splits(e, layer.qkv), linear.k_splits(e, layer.kv)
-        self.ks_o, self.ks_down = linear.k_splits(e, layer.o), linear.k_splits(e, layer.down)
-        self.noise = e.empty((b, cfg.hidden))  # the round's input, copied in
-        self.out = e.empty((b, cfg.hidden))  # the round's output
-        self.x = e.empty((b, cfg.hidden))  # the residual stream
-        self.xn = e.empty((b, cfg.hidden))  # its normed copy
-        self.qkv_part = e.empty((self.ks_qkv, b, layer.qkv.out_features))
-        self.x_part = e.empty((max(self.ks_o, self.ks_down), b, cfg.hidden))
-        self.q = e.empty((b, cfg.q_dim))
-        self.attn = e.empty((b, cfg.q_dim))
-        self.ff = e.empty((b, cfg.n_ff))
-        self.kv_part = e.empty((self.ks_kv, INGEST_CHUNK, 2 * cfg.kv_dim))
-        self.att = attention.Scratch(e, cfg.n_head, cfg.n_kv, b, cfg.head_dim)
-        specs = [cfg.rope_of(i) for i in range(cfg.n_layer)]
-        self.inv_freq = e.upload(np.stack([inv_freq(s, cfg.head_dim) for s in specs]))
-        self.rope_factor = [attention_factor(s) for s in specs]
+from .weights import (
+    PRECISIONS,
+    ConfidenceHead,
+    DflashLayer,
+    MarkovHead,
+    host_weights,
+    load_weights,
+    precision_bytes,
+)
 
 
-class DflashDraft:
+class DflashDraft(DraftApi):
     def __init__(
         self,
         e: Engine,
@@ -73,14 +56,16 @@ class DflashDraft:
         lm_head: GpuTensor | None = None,
         precision: str = "bf16",
         cuda_graphs: bool = True,
+        confidence: ConfidenceHead | None = None,
     ) -> None:
         self.cfg, self.layers, self.fc = cfg, layers, fc
         self.hidden_norm, self.norm, self.markov = hidden_norm, norm, markov
         self.embed, self.lm_head, self.precision = embed, lm_head, precision
+        self.confidence = confidence
         self.device, self.stream_ptr = e.ordinal, e.stream.ptr  # buffers ordered on it
         with e.ordered():
             self._buf = RoundBuffers(e, cfg, layers[0])
-            self._step = DraftStep(e, cfg, markov)
+            self._init_draft_api(e, markov, confidence)
         # forward_round replays one captured CUDA graph per DflashKv (see forward_round)
         self.cuda_graphs = cuda_graphs
         self._graphs: weakref.WeakKeyDictionary[DflashKv, Any] = weakref.WeakKeyDictionary()
@@ -99,7 +84,8 @@ class DflashDraft:
         check_geometry(ckpt.cfg, str(ckpt.path))
         checks.require_runtime(e)
         attention.check_fits(e, ckpt.cfg.head_dim)
-        with e.ordered():
+        need = precision_bytes(ckpt.cfg, precision)[0]
+        with e.allocating(need, f"loading {ckpt.path} at {precision}"), e.ordered():
             return cls(
                 e,
                 ckpt.cfg,
@@ -119,9 +105,8 @@ class DflashDraft:
 
     def reference_weights(self) -> dict[str, np.ndarray]:
         """Host float32 copies of every device weight, un-fused, under checkpoint names."""
-        return host_weights(
-            self.cfg, self.layers, self.fc, self.hidden_norm, self.norm, self.markov
-        )
+        parts = (self.layers, self.fc, self.hidden_norm, self.norm, self.markov, self.confidence)
+        return host_weights(self.cfg, *parts)
 
     def _check(self, e: Engine, kv: DflashKv | None = None) -> None:
         if e.ordinal != self.device or e.stream.ptr != self.stream_ptr:
@@ -395,53 +380,3 @@ class DflashDraft:
                 split_stride=x_stride,
                 resid_out=buf.x,
             )
-
-    # -- block hidden -> draft tokens -----------------------------------------------------------
-    def draft_tokens(
-        self,
-        e: Engine,
-        hidden: Any,
-        lm_head: GpuTensor | Any | None,
-        last: Any,
-        *,
-        logit_softcap: float | None = None,
-    ) -> Any:
-        """Greedy draft tokens for the layout's draft rows (bonus-anchor: rows 1..b-1), as a
-        device int32 array: argmax of lm_head(hidden row) plus, with a Markov head, the
-        left-to-right chain bias W2 . W1[prev] (prev of the first row = `last`)."""
-        checks.require_runtime(e)
-        with e.ordered():
-            self._check(e)
-            c = self.cfg
-            h = checks.f32_rows(e, hidden, "hidden", c.block_size, c.hidden)
-            lm = self._lm_head(e, lm_head)
-            if logit_softcap is not None and not (
-                isinstance(logit_softcap, (int, float)) and 0 < logit_softcap < float("inf")
-            ):
-                raise ShapeError(
-                    f"logit_softcap must be a finite number > 0, found {logit_softcap!r}"
-                )
-            v = lm.out_features
-            if self.markov is not None and self.markov.w2.out_features != v:
-                raise ShapeError(
-                    f"lm_head: vocabulary {v} != Markov head vocabulary "
-                    f"{self.markov.w2.out_features}"
-                )
-            if checks.is_device_array(last):
-                last = checks.int32_ids(e, last, "last", 1)
-            else:
-                last = np.int32(checks.token(last, "last", v))
-            return self._step.greedy(e, h, lm, last, logit_softcap)
-
-    def _lm_head(self, e: Engine, lm_head: Any) -> GpuTensor:
-        if lm_head is None:
-            if self.lm_head is None:
-                raise ShapeError("lm_head: none given and the checkpoint carries none")
-            return self.lm_head
-        lm = lm_head if isinstance(lm_head, GpuTensor) else GpuTensor.wrap(e, lm_head)
-        if lm.in_features != self.cfg.hidden:
-            raise ShapeError(
-                f"lm_head: expected [V, {self.cfg.hidden}], found "
-                f"[{lm.out_features}, {lm.in_features}]"
-            )
-        return lm

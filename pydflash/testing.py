@@ -138,3 +138,65 @@ def check_paths(
         bool(np.array_equal(rnd_one, block) and np.array_equal(rnd_many, block)),
         tokens_equal,
     )
+
+
+# -- goodness of fit (sampling tests; no SciPy needed) ---------------------------------------
+def chi2_sf(x: float, dof: int) -> float:
+    """P(X >= x) for X ~ chi-square(dof): the regularized upper incomplete gamma Q(dof/2, x/2),
+    by its power series below a + 1 and its continued fraction (modified Lentz) above."""
+    import math
+
+    if dof < 1:
+        raise ValueError(f"dof must be >= 1, found {dof}")
+    if x <= 0:
+        return 1.0
+    a, y = dof / 2.0, x / 2.0
+    log_front = -y + a * math.log(y) - math.lgamma(a)  # log(e^-y y^a / Gamma(a))
+    if y < a + 1:  # P(a, y) = front * sum_n y^n / (a (a+1) ... (a+n))
+        term = total = 1.0 / a
+        n = a
+        for _ in range(100_000):
+            n += 1.0
+            term *= y / n
+            total += term
+            if term < total * 1e-16:
+                break
+        return min(1.0, max(0.0, 1.0 - math.exp(log_front) * total))
+    tiny = 1e-300  # Q(a, y) = front / (y+1-a - 1(1-a)/(y+3-a - 2(2-a)/(y+5-a - ...)))
+    b = y + 1.0 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    h = d
+    for i in range(1, 100_000):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1.0 / d
+        h *= d * c
+        if abs(d * c - 1.0) < 1e-16:
+            break
+    return min(1.0, max(0.0, math.exp(log_front) * h))
+
+
+def chi_square(counts: Any, probs: Any, min_expected: float = 5.0) -> tuple[float, int, float]:
+    """Pearson's goodness of fit of observed `counts` [k] to the distribution `probs` [k]:
+    (statistic, degrees of freedom, p-value). Bins expecting fewer than `min_expected` draws
+    are pooled into one; a draw where the distribution puts no mass gives p = 0."""
+    o = np.asarray(counts, np.float64).reshape(-1)
+    p = np.asarray(probs, np.float64).reshape(-1)
+    if o.shape != p.shape:
+        raise ValueError(f"chi_square: {o.size} counts for {p.size} probabilities")
+    e = p / p.sum() * o.sum()
+    if (o[e == 0] > 0).any():
+        return float("inf"), 0, 0.0
+    big = e >= min_expected
+    obs, exp = list(o[big]), list(e[big])
+    if e[~big].sum() > 0:
+        obs.append(o[~big].sum())
+        exp.append(e[~big].sum())
+    oa, ea = np.array(obs), np.array(exp)
+    stat = float(((oa - ea) ** 2 / ea).sum())
+    dof = len(oa) - 1
+    return stat, dof, chi2_sf(stat, dof) if dof >= 1 else 1.0

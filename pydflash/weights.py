@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .checkpoint import (
+    CONF_B,
+    CONF_W,
     EMBED,
     GATE_B,
     GATE_W,
@@ -82,6 +84,16 @@ class MarkovHead:
     bias: Any = None
 
 
+@dataclasses.dataclass
+class ConfidenceHead:
+    """DSpark confidence head, f32 on the device: w [hidden (+ rank with Markov)], b [1];
+    c_k = sigmoid(w . [h_k ; W1[prev_k]] + b), or w . h_k + b without the Markov features."""
+
+    w: Any
+    b: Any
+    with_markov: bool
+
+
 def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
     """(device bytes of every weight, bytes one forward_round reads) at `precision`."""
 
@@ -102,6 +114,8 @@ def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
         r, kind = cfg.markov_rank, cfg.markov_type or "vanilla"
         proj = {"vanilla": 0, "gated": r * (cfg.hidden + r), "rnn": 3 * r * (2 * r + cfg.hidden)}
         total += 2 * cfg.vocab_size * r + size("head", cfg.vocab_size, r) + 4 * proj[kind]
+    if cfg.confidence_head:
+        total += 4 * (cfg.hidden + (cfg.markov_rank if cfg.confidence_with_markov else 0) + 1)
     return total, cfg.n_layer * layer
 
 
@@ -160,8 +174,12 @@ def load_weights(e: Runtime, ckpt: Checkpoint, precision: str) -> dict[str, Any]
             proj=GpuTensor.from_host(e, ckpt.read_f32(proj_name), "f32") if proj_name else None,
             bias=vec(bias_name) if bias_name else None,
         )
+    confidence = None
+    if cfg.confidence_head:
+        confidence = ConfidenceHead(vec(CONF_W), vec(CONF_B), cfg.confidence_with_markov)
     return {
         "layers": layers,
+        "confidence": confidence,
         "fc": weight(["fc.weight"], "attn"),
         "hidden_norm": vec("hidden_norm.weight"),
         "norm": vec("norm.weight"),
@@ -178,6 +196,7 @@ def host_weights(
     hidden_norm: Any,
     norm: Any,
     markov: MarkovHead | None,
+    confidence: ConfidenceHead | None = None,
 ) -> dict[str, np.ndarray]:
     """Host float32 copies of every device weight, un-fused, under checkpoint names: exactly
     the values the kernels multiply by (quantization included)."""
@@ -204,9 +223,21 @@ def host_weights(
             b = layer.qkv_bias.get()
             w[a + "q_proj.bias"], w[a + "k_proj.bias"] = b[:q], b[q : q + kv]
             w[a + "v_proj.bias"], w[a + "o_proj.bias"] = b[q + kv :], layer.o_bias.get()
+    w.update(head_weights(markov, confidence))
+    return w
+
+
+def head_weights(
+    markov: MarkovHead | None, confidence: ConfidenceHead | None
+) -> dict[str, np.ndarray]:
+    """Host float32 copies of the draft-step heads only (Markov, confidence): what
+    ReferenceDraft.draft needs, without dequantizing the layers (cheap at any geometry)."""
+    w: dict[str, np.ndarray] = {}
     if markov is not None:
         w[MARKOV_W1], w[MARKOV_W2] = markov.w1.dequantize(), markov.w2.dequantize()
         if markov.proj is not None:
             proj_name, bias_name = MARKOV_PROJECTIONS[markov.kind]
             w[proj_name], w[bias_name] = markov.proj.dequantize(), markov.bias.get()
+    if confidence is not None:
+        w[CONF_W], w[CONF_B] = confidence.w.get().reshape(1, -1), confidence.b.get().reshape(1)
     return w

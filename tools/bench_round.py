@@ -1,11 +1,14 @@
 """Benchmark the drafter's hot paths against their memory floors, with CUDA events.
 
     python tools/bench_round.py [--preset qwen3-8b-b16 | --ckpt DIR] [--precision bf16 q8_0]
-                                [--ctx 4096] [--rounds 200]
+                                [--ctx 4096] [--rounds 200] [--propose]
 
 For each precision: forward_round at ctx, ingest_ctx of 1 and of 4096 rows, draft_tokens with a
-synthetic bf16 lm_head of the target's vocabulary. Each median sits beside its floor = bytes the
-op must read / the device-to-device copy bandwidth measured in the same run, and the ratio.
+synthetic bf16 lm_head of the target's vocabulary; with --propose also the whole round
+(DflashDraft.propose: embeddings + forward_round + draft step, one CUDA graph) greedy and at
+T = 0.7, whose floor is (layer weights + lm_head (+ Markov W2 per draft)) / bandwidth. Each
+median sits beside its floor = bytes the op must read / the device-to-device copy bandwidth
+measured in the same run, and the ratio.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def bench_precision(
     rounds: int,
     rng: np.random.Generator,
     lm_bits,
+    propose: bool = False,
 ) -> list[tuple]:
     """(label, precision, op, median ms, weight bytes, extra bytes) rows for one precision."""
     from pydflash import DflashDraft, DflashKv
@@ -168,6 +172,25 @@ def bench_precision(
     if d.markov is not None:
         draft_bytes += len(c.draft_rows()) * d.markov.w2.nbytes
     rows.append((label, precision, f"draft_tokens V={vocab}", t_draft, draft_bytes, 0))
+    if propose:  # the whole round; the synthetic lm_head doubles as the embedding table
+        for temp in (0.0, 0.7):
+            t_prop = timed(
+                cp,
+                e.stream,
+                lambda: d.propose(e, kv, 1, ctx, lm_bits, lm_bits, temperature=temp),
+                max(10, rounds // 2),
+                warmup=10,
+            )
+            rows.append(
+                (
+                    label,
+                    precision,
+                    f"propose T={temp} ctx {ctx}",
+                    t_prop,
+                    d.weight_bytes + draft_bytes,
+                    kv_bytes,
+                )
+            )
     print(f"loaded {precision} in {load_s:.2f} s; layer weights {d.weight_bytes / 1e9:.3f} GB")
     return rows
 
@@ -179,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", nargs="+", default=["bf16", "q8_0"], choices=PRECISIONS)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument(
+        "--propose", action="store_true", help="also time DflashDraft.propose (T = 0 and 0.7)"
+    )
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -202,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             lm_bits = synthetic_lm_head(cp, cfg.vocab_size or 151936, cfg.hidden)
         for precision in args.precision:
             rows += bench_precision(
-                cp, e, ckpt, label, precision, args.ctx, args.rounds, rng, lm_bits
+                cp, e, ckpt, label, precision, args.ctx, args.rounds, rng, lm_bits, args.propose
             )
             cp.get_default_memory_pool().free_all_blocks()
 

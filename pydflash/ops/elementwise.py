@@ -31,6 +31,14 @@ GATHER = {
     "f32": FAMILY.kernel("gather_rows_f32", _GATHER_SIG.format(t="const float")),
 }
 SOFTCAP = FAMILY.kernel("softcap_inplace", "float* x, long long n, float cap")
+_BLOCK_EMBED_SIG = (
+    "{t}* table, long long ld, long long n_rows_table, const int* last, int mask_id, "
+    "const float* scale, float* out, int b, long long cols"
+)
+BLOCK_EMBED = {
+    "bf16": FAMILY.kernel("block_embed_bf16", _BLOCK_EMBED_SIG.format(t="const unsigned short")),
+    "f32": FAMILY.kernel("block_embed_f32", _BLOCK_EMBED_SIG.format(t="const float")),
+}
 SCATTER_BLOCK_POS = FAMILY.kernel(
     "scatter_block_pos", "int* pos, const int* len, const int* block_pos, int b"
 )
@@ -87,3 +95,26 @@ def softcap(rt: Runtime, x: Any, n: int, cap: float) -> None:
 def scatter_block_pos(rt: Runtime, pos: Any, length: Any, block_pos: Any, b: int) -> None:
     """pos[*length + i] = block_pos[i] for the b block rows (*length read on the device)."""
     rt.launch(SCATTER_BLOCK_POS, (1,), max(32, b), pos=pos, len=length, block_pos=block_pos, b=b)
+
+
+def block_embed(
+    rt: Runtime, table: Any, last: Any, mask_id: int, scale: Any, out: Any, b: int
+) -> None:
+    """out [b, cols] = [table[*last], table[mask_id] x (b-1)] * *scale for a bf16-bits or f32
+    table [V, cols]; last and scale are device pointers (read by the kernel)."""
+    cols = table.shape[1]
+    kind = "f32" if table.dtype == np.float32 else "bf16"
+    rt.launch(
+        BLOCK_EMBED[kind],
+        grid(rt, b * cols),
+        THREADS,
+        table=table,
+        ld=table.strides[0] // table.itemsize,
+        n_rows_table=table.shape[0],
+        last=last,
+        mask_id=mask_id,
+        scale=scale,
+        out=out,
+        b=b,
+        cols=cols,
+    )

@@ -1,17 +1,29 @@
 """linear.cu: Y[M, N] = X[M, K] . W[N, K]^T on the tensor cores (bf16 / q8_0 / q4_0 weights,
 f32 activations split hi/lo) or in f32 FFMA (the f32 parity format), with split-K partials
-added by the consumer kernels (qkv_norm_rope, residual_rms_norm)."""
+added by the consumer kernels (qkv_norm_rope, residual_rms_norm), and the sampling epilogue
+(`project_sample`): logits streamed into Gumbel-max partials instead of being stored."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ShapeError
 from ..kernels import Family
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
-    from ..tensor import GpuTensor
+
+
+class GpuTensor(Protocol):
+    """What the launchers read of a pydflash.tensor.GpuTensor (structural: importing tensor
+    here would close an import cycle, tensor -> ops)."""
+
+    fmt: str
+    out_features: int
+    in_features: int
+    data: Any
+    scales: Any
+
 
 WARPS = 4  # warps per block
 UNROLL = 2  # 32-chunks a warp loads before computing
@@ -21,7 +33,15 @@ MAX_K_SPLITS = 16
 F32_WARPS = 8
 EPILOGUES = ("store", "add", "silu_mul")
 
-FAMILY = Family("linear", {"LIN_NWARPS": WARPS, "LIN_UNROLL": UNROLL, "LIN_ROWS": ROWS_PER_BLOCK})
+FAMILY = Family(
+    "linear",
+    {
+        "LIN_NWARPS": WARPS,
+        "LIN_UNROLL": UNROLL,
+        "LIN_ROWS": ROWS_PER_BLOCK,
+        "LIN_F32_WARPS": F32_WARPS,
+    },
+)
 _MMA_SIG = (
     "const unsigned char* W, const unsigned short* scales, const float* X, long long ldx, "
     "float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K, "
@@ -38,6 +58,19 @@ MMA = {
     for nt1 in (False, True)
 }
 F32 = {epi: FAMILY.kernel(f"linear_f32_{epi}", _F32_SIG) for epi in EPILOGUES}
+_SAMPLE_SIG = (
+    "const unsigned char* W, const unsigned short* scales, const float* X, long long ldx, "
+    "float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K, "
+    "float* part, int* part_idx, const float* params, const unsigned* rng, int slot_base, "
+    "int apply_cap"
+)
+SAMPLE = {
+    (fmt, nt1): FAMILY.kernel(f"linear_{fmt}_sample" + ("_nt1" if nt1 else ""), _SAMPLE_SIG)
+    for fmt in ("bf16", "q8_0", "q4_0")
+    for nt1 in (False, True)
+}
+SAMPLE_F32 = FAMILY.kernel("linear_f32_sample", _SAMPLE_SIG.replace("unsigned char* W", "float* W"))
+F32_ROWS = 16  # output rows per block of the f32 kernel (F32_WARPS row pairs)
 
 
 def split_k_plan(chunks: int, want: int) -> tuple[int, int]:
@@ -132,3 +165,60 @@ def project(
         chunks_per_split=per_split,
         split_stride=split_stride,
     )
+
+
+def sample_blocks(w: GpuTensor) -> int:
+    """Row blocks of a `project_sample` pass over w: one sampling partial per block and token."""
+    per = F32_ROWS if w.fmt == "f32" else ROWS_PER_BLOCK
+    return -(-w.out_features // per)
+
+
+def project_sample(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    *,
+    params: Any,
+    rng: Any,
+    apply_cap: bool,
+    y: Any = None,
+    residual: Any = None,
+    part: Any = None,
+    part_idx: Any = None,
+    slot_base: int = 0,
+) -> None:
+    """The sampling epilogue over z = x . w^T (one K range): z soft-capped when apply_cap and
+    params[1] > 0, plus `residual` rows when given, stored to `y` when given; with `part` each
+    block of rows writes one Gumbel-max partial per token (part [sample_blocks(w), m, 4] f32,
+    part_idx [sample_blocks(w), m] int32) for sampling.finish. params [T, cap] and rng (seed,
+    offset words) are device arrays read by the kernel; token i is draft slot slot_base + i."""
+    n, k = w.out_features, w.in_features
+    ldx = x.strides[0] // 4 if x.ndim == 2 else k
+    ldy = (y.strides[0] // 4 if y.ndim == 2 else n) if y is not None else 0
+    ldr = (residual.strides[0] // 4 if residual.ndim == 2 else n) if residual is not None else 0
+    args = dict(
+        W=w.data,
+        scales=w.scales,
+        X=x,
+        ldx=ldx,
+        Y=y,
+        ldy=ldy,
+        R=residual,
+        ldr=ldr,
+        M=m,
+        N=n,
+        K=k,
+        part=part,
+        part_idx=part_idx,
+        params=params,
+        rng=rng,
+        slot_base=slot_base,
+        apply_cap=int(apply_cap),
+    )
+    if w.fmt == "f32":
+        rt.launch(SAMPLE_F32, (-(-m // 16), -(-n // F32_ROWS)), 32 * F32_WARPS, **args)
+        return
+    nt1 = m <= 8
+    grid = (-(-m // (8 if nt1 else 16)), -(-n // ROWS_PER_BLOCK), 1)
+    rt.launch(SAMPLE[(w.fmt, nt1)], grid, 32 * WARPS, **args)
