@@ -30,6 +30,8 @@ _GPU = {
     "DflashLayer": "weights",
     "MarkovHead": "weights",
     "DflashKv": "kv",
+    "Proposal": "draft_step",
+    "Verdict": "verify",
 }
 
 

@@ -1,45 +1,40 @@
 """Checkpoint reading: config + safetensors (single file or shards), validated up front.
 
-`Checkpoint.open(dir)` reads only headers: it checks every expected tensor's presence, shape and
-dtype against the config (with attention_bias, the q/k/v/o biases too), detects the optional
-heads (Markov vanilla/gated/rnn, confidence, embed, lm_head), refuses a tensor whose name says
-it changes the math but that the loader would not use (under layers.N., fc., the norms, a head),
-lists only foreign tensors as `unknown`, and raises one CheckpointError naming every problem.
-Tensor data is read later, one tensor at a time, so nothing large is held twice.
+`Checkpoint.open(dir)` reads only headers, each file's once (`safetensors_io`): it checks every
+expected tensor's presence, shape and dtype against the config (with attention_bias, the
+q/k/v/o biases too), detects the optional heads (Markov vanilla/gated/rnn, confidence, embed,
+lm_head), refuses a tensor whose name says it changes the math but that the loader would not
+use (under layers.N., fc., the norms, a head), lists only foreign tensors as `unknown`, and
+raises one CheckpointError naming every problem. Every file it opens must lie in the checkpoint
+folder (subfolders allowed; absolute paths, `..`, NUL bytes and symlinks leading outside are
+refused before anything is opened; the one exception is the Hugging Face cache, whose
+snapshots/<rev>/ files link into ../../blobs/). Tensor data is read later, only for the tensors
+asked for, through one handle per file (`close()` or a `with` block releases them).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import io
+import os
 import re
+import weakref
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
+from . import bounds, jsonio
+from .ckpt_files import TensorInfo, allowed_roots, checkpoint_dir, confine, read_headers
 from .config import DflashCfg
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, collected
+from .safetensors_io import (
+    Entry,
+    HeaderError,
+    open_checked,
+    read_entry,
+)
 
 ACCEPTED_DTYPES = ("BF16", "F16", "F32")
-# Bytes per element of every safetensors dtype (unknown extra tensors may use any of them).
-_DTYPE_SIZE = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-}
 MARKOV_W1 = "markov_head.markov_w1.weight"
 MARKOV_W2 = "markov_head.markov_w2.weight"
 GATE_W, GATE_B = "markov_head.gate_proj.weight", "markov_head.gate_proj.bias"
@@ -121,37 +116,51 @@ def changes_the_math(name: str) -> bool:
     return name.startswith(_MATH_PREFIXES) or _LAYER_NAME.match(name) is not None
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    file: Path
-    dtype: str  # safetensors dtype string: BF16, F16, F32
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * _DTYPE_SIZE.get(self.dtype, 2)
+def head_shapes(cfg: DflashCfg) -> dict[str, tuple[int, ...]]:
+    """The tensors of the heads `cfg` declares (Markov, confidence), with their shapes."""
+    h, r, v = cfg.hidden, cfg.markov_rank, cfg.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {}
+    if cfg.markov_type is not None and v is not None:
+        shapes.update({MARKOV_W1: (v, r), MARKOV_W2: (v, r)})
+        if cfg.markov_type == "gated":
+            shapes.update({GATE_W: (r, h + r), GATE_B: (r,)})
+        if cfg.markov_type == "rnn":
+            shapes.update({JOINT_W: (3 * r, 2 * r + h), JOINT_B: (3 * r,)})
+    if cfg.confidence_head:
+        width = h + r if cfg.confidence_with_markov else h
+        shapes.update({CONF_W: (1, width), CONF_B: (1,)})
+    return shapes
 
 
 class Checkpoint:
     """A validated checkpoint directory. `cfg` already reflects the heads found on disk."""
 
     def __init__(
-        self, path: Path, cfg: DflashCfg, tensors: dict[str, TensorInfo], unknown: list[str]
+        self,
+        path: Path,
+        cfg: DflashCfg,
+        tensors: dict[str, TensorInfo],
+        unknown: list[str],
+        sizes: dict[Path, int] | None = None,
     ) -> None:
         self.path, self.cfg, self.tensors, self.unknown = path, cfg, tensors, unknown
+        # file -> size when its header was read: a file that changed since is refused
+        self._sizes = dict(sizes or {})
+        self._handles: dict[Path, io.FileIO] = {}
+        self._finalizer = weakref.finalize(self, _close_all, self._handles)
 
     @classmethod
-    def open(cls, ckpt_dir: str | Path) -> Checkpoint:
-        path = Path(ckpt_dir)
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: not a directory")
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"{path}: no config.json (not a checkpoint directory)")
+    def open(cls, ckpt_dir: str | os.PathLike[str]) -> Checkpoint:
+        path = checkpoint_dir(ckpt_dir)
+        roots = allowed_roots(path)
+        config, problem = confine(path, "config.json", roots, ".json")
+        if config is None or not config.is_file():
+            why = f" ({problem})" if problem else ""
+            raise CheckpointError(f"{path}: no config.json (not a checkpoint directory){why}")
         cfg = DflashCfg.load(path)
-        tensors = _read_headers(path)
+        tensors, sizes = read_headers(path, roots)
         cfg, unknown = _validate(path, cfg, tensors)
-        return cls(path, cfg, tensors, unknown)
+        return cls(path, cfg, tensors, unknown, sizes)
 
     # -- inventory -------------------------------------------------------------------------
     def has(self, name: str) -> bool:
@@ -169,17 +178,29 @@ class Checkpoint:
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
 
+    def used_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the drafter's math reads (backbone and heads; not the embed/lm_head
+        copies), with its shape: what ReferenceDraft.load reads."""
+        return {**backbone_shapes(self.cfg), **head_shapes(self.cfg)}
+
     # -- data --------------------------------------------------------------------------------
     def read(self, name: str) -> np.ndarray:
-        """The tensor as stored (bf16 as ml_dtypes.bfloat16)."""
+        """The tensor as stored (bf16 as ml_dtypes.bfloat16), read through the file's one
+        handle (opened on first use, checked to be the file whose header was read)."""
         info = self.tensors.get(name)
         if info is None:
-            raise CheckpointError(f"{self.path}: no tensor {name!r}")
+            raise CheckpointError(f"{self.path}: no tensor {jsonio.brief(name)}")
         try:
-            with safe_open(str(info.file), framework="numpy") as f:
-                return f.get_tensor(name)
-        except (SafetensorError, OSError) as exc:
+            f = self._handles.get(info.file)
+            if f is None:
+                f = self._handles[info.file] = open_checked(info.file, self._sizes[info.file])
+            return read_entry(f, _entry_of(info))
+        except (HeaderError, OSError, KeyError) as exc:
             raise CheckpointError(f"{info.file}: cannot read tensor {name!r}: {exc}") from None
+        except MemoryError:
+            raise CheckpointError(
+                f"{info.file}: tensor {name!r} ({info.nbytes} bytes) does not fit in host memory"
+            ) from None
 
     def read_f32(self, name: str) -> np.ndarray:
         return np.asarray(self.read(name), dtype=np.float32)
@@ -193,60 +214,25 @@ class Checkpoint:
             return a.view(np.uint16)
         return bf16_bits_from_f32(np.asarray(a, dtype=np.float32))
 
+    def close(self) -> None:
+        """Close the file handles reads opened (reading again reopens them)."""
+        _close_all(self._handles)
 
-def _read_headers(path: Path) -> dict[str, TensorInfo]:
-    index = path / "model.safetensors.index.json"
-    single = path / "model.safetensors"
-    problems: list[str] = []
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            if not isinstance(weight_map, dict) or not all(
-                isinstance(v, str) for v in weight_map.values()
-            ):
-                raise TypeError("weight_map is not an object of tensor name -> file name")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index}: unreadable shard index ({exc})") from None
-        files = sorted(set(weight_map.values()))
-    elif single.is_file():
-        weight_map, files = None, ["model.safetensors"]
-    else:
-        raise CheckpointError(
-            f"{path}: neither model.safetensors nor "
-            f"model.safetensors.index.json (not a checkpoint directory)"
-        )
-    tensors: dict[str, TensorInfo] = {}
-    for fname in files:
-        file = path / fname
-        if not file.is_file():
-            problems.append(f"shard {fname} named in the index is missing")
-            continue
-        try:
-            with safe_open(str(file), framework="numpy") as f:
-                for name in f.keys():
-                    sl = f.get_slice(name)
-                    if name in tensors:
-                        problems.append(
-                            f"{name}: stored in both {tensors[name].file.name} and {fname}"
-                        )
-                    tensors[name] = TensorInfo(
-                        name, file, sl.get_dtype(), tuple(int(d) for d in sl.get_shape())
-                    )
-        except (SafetensorError, OSError) as exc:
-            problems.append(f"{fname}: corrupt or truncated safetensors file ({exc})")
-    if weight_map is not None:
-        for name, fname in weight_map.items():
-            if (path / fname).is_file() and name in tensors and tensors[name].file.name != fname:
-                problems.append(f"{name}: index says {fname}, found in {tensors[name].file.name}")
-            elif (
-                (path / fname).is_file()
-                and name not in tensors
-                and not any(p.startswith(f"{fname}:") for p in problems)
-            ):
-                problems.append(f"{name}: listed in the index under {fname} but not in that file")
-    if problems:
-        raise CheckpointError(f"{path}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
-    return tensors
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_all(handles: dict[Path, io.FileIO]) -> None:
+    for f in handles.values():
+        f.close()
+    handles.clear()
+
+
+def _entry_of(info: TensorInfo) -> Entry:
+    return Entry(info.dtype, info.shape, info.start, info.end)
 
 
 def _validate(
@@ -256,12 +242,16 @@ def _validate(
     problems: list[str] = []
     expected = backbone_shapes(cfg)
 
-    def check(name: str, shape: tuple[int, ...]) -> None:
+    def check(name: str, shape: tuple[int | None, ...]) -> None:
+        """Presence, shape (None: a vocabulary size no tensor or key gave) and dtype."""
         info = tensors.get(name)
+        want = "[" + ", ".join("vocab" if d is None else str(d) for d in shape) + "]"
         if info is None:
-            problems.append(f"{name}: missing (expected shape {list(shape)})")
-        elif info.shape != shape:
-            problems.append(f"{name}: expected shape {list(shape)}, found {list(info.shape)}")
+            problems.append(f"{name}: missing (expected shape {want})")
+        elif len(info.shape) != len(shape) or any(
+            d is not None and d != f for d, f in zip(shape, info.shape)
+        ):
+            problems.append(f"{name}: expected shape {want}, found {list(info.shape)}")
         elif info.dtype not in ACCEPTED_DTYPES:
             problems.append(
                 f"{name}: dtype {info.dtype} not supported (accepted: {', '.join(ACCEPTED_DTYPES)})"
@@ -342,7 +332,7 @@ def _validate(
             )
     unknown = sorted(n for n in set(tensors) - known if not changes_the_math(n))
     if problems:
-        raise CheckpointError(f"{path}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+        raise CheckpointError(collected(path, problems))
     try:
         cfg = dataclasses.replace(
             cfg,
@@ -354,4 +344,8 @@ def _validate(
         )
     except (TypeError, ValueError) as exc:  # pragma: no cover - replace() of a frozen dataclass
         raise ConfigError(f"{path}: {exc}") from None
+    # the tensors may give sizes the config did not (vocabulary, rank): bounded the same way
+    problems = bounds.cfg_problems(cfg)
+    if problems:
+        raise CheckpointError(collected(path, problems))
     return cfg, unknown

@@ -1,21 +1,33 @@
-"""Argument checks shared by the entry points: each raises a ShapeError naming the argument
-before anything touches device state. Host-side checks need NumPy only; the device-array
-checks take the runtime that will use the array."""
+"""Argument checks shared by the entry points of the GPU classes and the NumPy reference, so
+both refuse the same arguments with the same errors: each raises a ShapeError (CapacityError
+for KV capacity and length) naming the argument, before anything is written. Host-side checks
+need NumPy only; the device-array checks take the runtime that will use the array.
+
+Row inputs ([rows, cols] activations): exactly rows*cols values, given as [rows, cols], flat,
+or any shape whose leading axes multiply to rows and trailing axes to cols ([rows, heads,
+head_dim]); any other shape is refused rather than silently reshaped (a transposed [cols, rows]
+array has the right size but would scramble every row). Host inputs must hold real floats.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
+import ml_dtypes
 import numpy as np
 
-from .errors import ShapeError
+from .errors import CapacityError, ShapeError
+from .jsonio import brief
 
 if TYPE_CHECKING:  # pragma: no cover
     import cupy as cp
 
+    from .config import DflashCfg
     from .runtime import Runtime
 
 INT32_MAX = np.iinfo(np.int32).max
+_F32 = np.finfo(np.float32)
 
 
 def require_runtime(e: Any, name: str = "e") -> Runtime:
@@ -30,32 +42,186 @@ def require_runtime(e: Any, name: str = "e") -> Runtime:
 def count(n: Any, name: str) -> int:
     """A non-negative integer count (bool and floats refused)."""
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ShapeError(f"{name} must be a non-negative integer, found {n!r}")
+        raise ShapeError(f"{name} must be a non-negative integer, found {brief(n)}")
     return int(n)
 
 
-def length_of(values: Any) -> int:
+def length_of(values: Any, name: str = "values") -> int:
     """Number of entries of a sequence or array argument."""
     if hasattr(values, "size") and not isinstance(values, (list, tuple)):
         return int(values.size)
-    return len(values)
+    try:
+        return len(values)
+    except TypeError:
+        raise ShapeError(f"{name}: expected a sequence, found {type(values).__name__}") from None
 
 
 def check_len(values: Any, name: str, n: int) -> None:
-    size = length_of(values)
+    size = length_of(values, name)
     if size != n:
         raise ShapeError(f"{name}: expected {n} positions, found {size}")
 
 
+def host_array(values: Any, name: str) -> np.ndarray:
+    """np.asarray of a host argument, or a ShapeError naming it (ragged lists, objects NumPy
+    cannot convert, device arrays that refuse an implicit copy)."""
+    try:
+        return np.asarray(values)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise ShapeError(f"{name}: not an array ({type(values).__name__}: {exc})") from None
+
+
 def host_int32(values: Any, name: str) -> np.ndarray:
     """Host integers (list, range, array) -> int32 [n] in [0, 2^31), or a ShapeError."""
-    a = np.asarray(values)
+    a = host_array(values, name)
     if a.dtype.kind not in "iu" and a.size:
         raise ShapeError(f"{name}: expected integers, found dtype {a.dtype}")
-    a = a.reshape(-1).astype(np.int64)
-    if a.size and (a.min() < 0 or a.max() > INT32_MAX):
-        raise ShapeError(f"{name}: values must lie in [0, 2^31), found [{a.min()}, {a.max()}]")
+    a = a.reshape(-1)
+    if a.size:
+        lo, hi = a.min(), a.max()  # compared in their own dtype: uint64 does not wrap
+        if lo < 0 or hi > INT32_MAX:
+            raise ShapeError(f"{name}: values must lie in [0, 2^31), found [{lo}, {hi}]")
     return a.astype(np.int32)
+
+
+def rows_shape_ok(shape: tuple[int, ...], rows: int, cols: int) -> bool:
+    """True for [rows, cols], flat rows*cols, or leading axes multiplying to rows and trailing
+    axes to cols (the module docstring's rule)."""
+    if len(shape) == 1:
+        return shape[0] == rows * cols
+    return any(
+        math.prod(shape[:k]) == rows and math.prod(shape[k:]) == cols for k in range(len(shape) + 1)
+    )
+
+
+def _rows_error(name: str, rows: int, cols: int, shape: tuple[int, ...], what: str) -> ShapeError:
+    return ShapeError(
+        f"{name}: expected [{rows}, {cols}] (or {rows * cols} {what} values flat), found "
+        f"shape {list(shape)}"
+    )
+
+
+def is_real_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype == ml_dtypes.bfloat16
+
+
+def host_rows(
+    obj: Any, name: str, rows: int, cols: int, dtype: Any, *, finite: bool = False
+) -> np.ndarray:
+    """A host input of rows*cols real floats (shape rule above) -> [rows, cols] in `dtype`;
+    finite=True also refuses inf/NaN (where the math turns them into a raw error)."""
+    a = host_array(obj, name)
+    if not is_real_float(a.dtype):
+        raise ShapeError(f"{name}: expected real floats, found dtype {a.dtype}")
+    if not rows_shape_ok(a.shape, rows, cols):
+        raise _rows_error(name, rows, cols, a.shape, "float")
+    try:
+        with np.errstate(over="raise", invalid="ignore"):  # NaN stays NaN; 1e300 -> inf is refused
+            out = a.astype(dtype, copy=False).reshape(rows, cols)
+    except FloatingPointError:
+        raise ShapeError(f"{name}: values overflow {np.dtype(dtype)}") from None
+    if finite:
+        all_finite(out, name)
+    return out
+
+
+def host_matrix(obj: Any, name: str, cols: int, dtype: Any) -> np.ndarray:
+    """A host [n, cols] matrix of real floats, n >= 1 (e.g. an lm_head) -> in `dtype`."""
+    a = host_array(obj, name)
+    if not is_real_float(a.dtype):
+        raise ShapeError(f"{name}: expected real floats, found dtype {a.dtype}")
+    if a.ndim != 2 or a.shape[1] != cols or not a.shape[0]:
+        raise ShapeError(f"{name}: expected [V, {cols}] with V >= 1, found {list(a.shape)}")
+    try:
+        with np.errstate(over="raise", invalid="ignore"):
+            return a.astype(dtype, copy=False)
+    except FloatingPointError:
+        raise ShapeError(f"{name}: values overflow {np.dtype(dtype)}") from None
+
+
+def all_finite(a: np.ndarray, name: str) -> None:
+    finite = np.isfinite(a)
+    if not finite.all():
+        where = np.unravel_index(int(np.argmin(finite)), a.shape)
+        raise ShapeError(f"{name}: holds a non-finite value (first at {list(map(int, where))})")
+
+
+def _real(value: Any, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise ShapeError(f"{name}: expected a real number, found {brief(value)}")
+    try:
+        f = float(value)
+    except (OverflowError, TypeError):  # huge ints; complex
+        f = math.nan
+    if not math.isfinite(f):
+        raise ShapeError(f"{name}: must be a finite number, found {brief(value)}")
+    return f
+
+
+def temperature(value: Any, name: str = "temperature") -> float:
+    """0 (greedy) or a finite T > 0 (NaN would otherwise compare as greedy)."""
+    t = _real(value, name)
+    if t < 0:
+        raise ShapeError(f"{name} must be >= 0, found {t}")
+    return t
+
+
+def logit_softcap(value: Any, name: str = "logit_softcap") -> float | None:
+    """None, or a cap c applied as tanh(x/c)*c: a float32 normal number > 0 (0 would zero
+    every logit; one that float32 rounds to 0 or inf turns them into NaN)."""
+    if value is None:
+        return None
+    c = _real(value, name)
+    if not _F32.tiny <= c <= _F32.max:
+        raise ShapeError(
+            f"{name} must be a finite number > 0 (a float32 normal), found {brief(value)}"
+        )
+    return c
+
+
+# -- KV caches (DflashKv and ReferenceKv alike) ------------------------------------------------
+def kv_cap(cap: Any) -> int:
+    """The capacity argument: a non-negative integer."""
+    if isinstance(cap, (bool, np.bool_)) or not isinstance(cap, (int, np.integer)) or cap < 0:
+        raise CapacityError(f"cap must be a non-negative integer, found {brief(cap)}")
+    return int(cap)
+
+
+def kv_cfg(cfg: Any, cap: int) -> DflashCfg:
+    """The config of a new KV cache: a DflashCfg within the bounds, whose cap + block_size
+    rows of kv_dim values fit the kernels' int32 row offsets."""
+    from .bounds import check_cfg
+    from .config import DflashCfg
+
+    if not isinstance(cfg, DflashCfg):
+        raise ShapeError(f"cfg: expected a DflashCfg, found {type(cfg).__name__}")
+    check_cfg(cfg, "cfg")
+    if cap + cfg.block_size > INT32_MAX // max(1, cfg.kv_dim):
+        raise CapacityError(
+            f"cap {brief(cap)}: cap + block_size rows of {cfg.kv_dim} "
+            f"values exceed the int32 row offsets of the kernels"
+        )
+    return cfg
+
+
+def kv_len(value: Any, current: int) -> int:
+    """A new `len`: an integer rolling back (0 <= value <= current), never forward."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ShapeError(f"len must be an integer, found {brief(value)}")
+    if not 0 <= value <= current:
+        raise CapacityError(f"len can only roll back: {brief(value)} not in [0, {current}]")
+    return int(value)
+
+
+def kv_matches(kv_cfg: DflashCfg, cfg: DflashCfg) -> None:
+    """A KV cache used with a drafter must have been built for its layers, kv dims, block."""
+    k, c = kv_cfg, cfg
+    if (k.n_layer, k.kv_dim, k.block_size) != (c.n_layer, c.kv_dim, c.block_size):
+        raise ShapeError(
+            f"kv: built for {k.n_layer} layers x {k.kv_dim} kv dims, block "
+            f"{k.block_size}; drafter has {c.n_layer} x {c.kv_dim}, block "
+            f"{c.block_size}"
+        )
 
 
 def is_device_array(obj: Any) -> bool:
@@ -65,16 +231,13 @@ def is_device_array(obj: Any) -> bool:
 
 
 def f32_rows(rt: Runtime, obj: Any, name: str, rows: int, cols: int) -> cp.ndarray:
-    """A float32 device input of rows*cols values (flat or 2-D, C-contiguous, 16-byte
+    """A float32 device input of rows*cols values (the shape rule above, C-contiguous, 16-byte
     aligned: the kernels load float4) -> a [rows, cols] view."""
     arr = rt.as_device_array(obj, name)
     if arr.dtype != np.float32:
         raise ShapeError(f"{name}: dtype must be float32, found {arr.dtype}")
-    if arr.size != rows * cols:
-        raise ShapeError(
-            f"{name}: expected {rows}x{cols} = {rows * cols} float32 values, "
-            f"found shape {list(arr.shape)}"
-        )
+    if not rows_shape_ok(arr.shape, rows, cols):
+        raise _rows_error(name, rows, cols, arr.shape, "float32")
     if not arr.flags.c_contiguous:
         raise ShapeError(f"{name}: must be C-contiguous")
     if arr.data.ptr % 16:
@@ -120,7 +283,7 @@ def int32_ids(rt: Runtime, ids: Any, name: str, n: int | None = None) -> cp.ndar
 def token(value: Any, name: str, vocab: int) -> int:
     """A token id in [0, vocab): a Python or NumPy integer, never a bool, float or string."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ShapeError(f"{name}: expected an integer token id, found {value!r}")
+        raise ShapeError(f"{name}: expected an integer token id, found {brief(value)}")
     if not 0 <= int(value) < vocab:
-        raise ShapeError(f"{name}: token {value} outside the vocabulary [0, {vocab})")
+        raise ShapeError(f"{name}: token {brief(value)} outside the vocabulary [0, {vocab})")
     return int(value)

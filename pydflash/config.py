@@ -4,24 +4,41 @@ Field names follow the Rust `DflashCfg` (hidden, n_head, n_kv, head_dim, n_ff, n
 rope_theta, block_size, mask_token_id, target_layer_ids, sliding_window, layer_sliding); the
 DSpark fields (vocab_size, markov_*, confidence_*, layout) and rope (per layer),
 attention_bias, is_causal are additions. A key that changes the math and is not implemented is
-a ConfigError naming it, never ignored.
+a ConfigError naming it, never ignored. Every size is bounded (`bounds`, README "Bounds") and
+config.json is read with a size, depth and integer-length limit and no duplicate keys
+(`jsonio`), so no config, however hostile, takes long or much memory to parse.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from pathlib import Path
 from typing import Any
 
+from . import bounds, jsonio, rope
+from .config_parse import (
+    BONUS_ANCHOR,
+    HIDDEN_ACTS,
+    MARKOV_TYPES,
+    SAMPLE_FROM_ANCHOR,
+    Parser,
+    parse_causal,
+    parse_layer_types,
+    parse_layout,
+    refuse_unimplemented,
+)
 from .errors import ConfigError
-from .rope import RopeSpec, specs_from_config
+from .jsonio import brief
+from .rope import RopeSpec
+from .rope_parse import specs_from_config
 
-BONUS_ANCHOR = "bonus_anchor"
-SAMPLE_FROM_ANCHOR = "sample_from_anchor"
-MARKOV_TYPES = ("vanilla", "gated", "rnn")
-HIDDEN_ACTS = ("silu", "swish")
+__all__ = [
+    "BONUS_ANCHOR",
+    "HIDDEN_ACTS",
+    "MARKOV_TYPES",
+    "SAMPLE_FROM_ANCHOR",
+    "DflashCfg",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +77,8 @@ class DflashCfg:
     is_causal: bool = False
 
     def __post_init__(self) -> None:
+        if not bounds.is_int(self.n_layer) or not 1 <= self.n_layer <= bounds.MAX_LAYERS:
+            return  # out of bounds (made by hand): refused where it is used, not expanded here
         if not self.layer_sliding:
             object.__setattr__(self, "layer_sliding", (False,) * self.n_layer)
         if self.rope and len(self.rope) != self.n_layer:
@@ -90,6 +109,8 @@ class DflashCfg:
         if self.rope:
             return self.rope[layer]
         if self.rope_type == "llama3":
+            if self.rope_llama3 is None:
+                raise ConfigError("rope_type 'llama3' needs rope_llama3 = (low, high, original)")
             low, high, orig = self.rope_llama3
             return RopeSpec(
                 "llama3",
@@ -116,16 +137,17 @@ class DflashCfg:
     # -- parsing ------------------------------------------------------------------------
     @classmethod
     def from_json(cls, path: str | Path) -> DflashCfg:
+        """Parse a config.json file: a regular UTF-8 JSON file of at most 1 MiB holding an
+        object, without duplicate keys (README "Bounds")."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config ({exc.strerror or exc})") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not valid UTF-8 JSON ({exc})") from None
+            data = jsonio.read_bounded(path, bounds.MAX_CONFIG_BYTES)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path, or JsonError
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise ConfigError(f"{path}: cannot read config ({why})") from None
         try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
+            raw = jsonio.loads_bytes(data)
+        except jsonio.JsonError as exc:
             raise ConfigError(f"{path}: not valid JSON ({exc})") from None
         if not isinstance(raw, dict):
             raise ConfigError(
@@ -139,18 +161,25 @@ class DflashCfg:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> DflashCfg:
-        """Parse an HF-style config dict; every problem is reported in one ConfigError."""
-        p = _Parser(raw, source)
+        """Parse an HF-style config dict; every problem is reported in one ConfigError, every
+        size is bounded (README "Bounds") and the RoPE tables are checked."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: expected a JSON object, found {type(raw).__name__}")
+        try:
+            jsonio.check_tree(raw)
+        except jsonio.JsonError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        p = Parser(raw, source)
         nested = raw.get("dflash_config")
         if nested is not None and not isinstance(nested, dict):
             p.problem("dflash_config", "must be an object")
             nested = None
         nested = nested or {}
 
-        hidden = p.int("hidden_size", min_value=1)
-        n_head = p.int("num_attention_heads", min_value=1)
-        n_kv = p.int("num_key_value_heads", default=n_head, min_value=1)
-        head_dim = p.int("head_dim", default=None, min_value=1)
+        hidden = p.integer("hidden_size", 1, bounds.MAX_HIDDEN)
+        n_head = p.integer("num_attention_heads", 1, bounds.MAX_HEADS)
+        n_kv = p.integer("num_key_value_heads", 1, bounds.MAX_HEADS, default=n_head)
+        head_dim = p.integer("head_dim", 1, bounds.MAX_HEAD_DIM, default=None)
         if head_dim is None and hidden and n_head:
             if hidden % n_head:
                 p.problem(
@@ -164,50 +193,60 @@ class DflashCfg:
             p.problem("head_dim", f"must be even for rotate-half RoPE, found {head_dim}")
         if n_head and n_kv and n_head % n_kv:
             p.problem("num_key_value_heads", f"{n_kv} does not divide num_attention_heads {n_head}")
-        n_ff = p.int("intermediate_size", min_value=1)
-        n_layer = p.int("num_hidden_layers", min_value=1)
-        eps = p.float("rms_norm_eps", default=1e-6, positive=True)
-        vocab = p.int("vocab_size", default=None, min_value=1)
+        n_ff = p.integer("intermediate_size", 1, bounds.MAX_FF)
+        n_layer = p.integer("num_hidden_layers", 1, bounds.MAX_LAYERS)
+        eps = p.number("rms_norm_eps", bounds.MIN_EPS, bounds.MAX_EPS, default=1e-6)
+        vocab = p.integer("vocab_size", 1, bounds.MAX_TOKEN, default=None)
 
-        block_size = p.int("block_size", min_value=1, alt=nested)
-        mask_token_id = p.int("mask_token_id", min_value=0, alt=nested)
-        target_ids = p.int_list("target_layer_ids", alt=nested)
+        block_size = p.integer("block_size", 1, bounds.MAX_BLOCK, alt=nested)
+        mask_token_id = p.integer("mask_token_id", 0, bounds.MAX_TOKEN - 1, alt=nested)
+        target_ids = p.int_list("target_layer_ids", bounds.MAX_TAPS, bounds.MAX_TAP_ID, nested)
 
-        sliding_window, layer_sliding = _parse_layer_types(p, raw, n_layer)
-        rope = specs_from_config(
+        sliding_window, layer_sliding = parse_layer_types(p, raw, n_layer, bounds.MAX_WINDOW)
+        rope_specs = specs_from_config(
             raw,
             [("sliding_attention" if s else "full_attention") for s in layer_sliding],
             n_layer,
             p.problem,
         )
-        attention_bias = p.bool("attention_bias", default=False)
-        is_causal = _parse_causal(p, raw, nested)
+        if head_dim is not None and head_dim % 2 == 0:
+            for spec in dict.fromkeys(rope_specs):  # each distinct spec once, in layer order
+                try:
+                    rope.tables(spec, head_dim)
+                except ConfigError as exc:
+                    p.problem("rope", str(exc))
+        attention_bias = bool(p.flag("attention_bias", default=False))
+        is_causal = parse_causal(p, raw, nested)
 
-        markov_rank = p.int("markov_rank", default=0, min_value=0)
+        markov_rank = p.integer("markov_rank", 0, bounds.MAX_MARKOV_RANK, default=0)
         markov_type = raw.get("markov_head_type")
         if markov_type is not None and markov_type not in MARKOV_TYPES:
-            p.problem("markov_head_type", f"must be one of {MARKOV_TYPES}, found {markov_type!r}")
+            p.problem(
+                "markov_head_type", f"must be one of {MARKOV_TYPES}, found {brief(markov_type)}"
+            )
             markov_type = None
         if markov_rank and markov_type is None:
             markov_type = "vanilla"
         if markov_type is not None and not markov_rank:
             p.problem("markov_rank", f"must be > 0 when markov_head_type is {markov_type!r}")
-        confidence = p.bool("enable_confidence_head", default=False)
-        conf_markov = p.bool("confidence_head_with_markov", default=False)
+        confidence = bool(p.flag("enable_confidence_head", default=False))
+        conf_markov = bool(p.flag("confidence_head_with_markov", default=False))
 
         architectures = raw.get("architectures") or []
         if not isinstance(architectures, list) or not all(
             isinstance(a, str) for a in architectures
         ):
-            p.problem("architectures", f"must be a list of strings, found {architectures!r}")
+            p.problem("architectures", f"must be a list of strings, found {brief(architectures)}")
             architectures = []
-        layout = _parse_layout(p, raw, architectures)
-        _refuse_unimplemented(p, raw, nested, architectures, hidden)
+        layout = parse_layout(p, architectures)
+        refuse_unimplemented(p, raw, nested, architectures, hidden)
 
         if mask_token_id is not None and vocab is not None and mask_token_id >= vocab:
             p.problem("mask_token_id", f"{mask_token_id} is not below vocab_size {vocab}")
         p.raise_if_any()
-        r0 = rope[0]
+        # every required value is set once no problem was reported
+        assert target_ids is not None and rope_specs
+        r0 = rope_specs[0]
         return cls(
             hidden=hidden,
             n_head=n_head,
@@ -222,13 +261,9 @@ class DflashCfg:
             target_layer_ids=tuple(target_ids),
             sliding_window=sliding_window,
             layer_sliding=tuple(layer_sliding),
-            rope_scale=r0.factor if r0.rope_type != "default" else 1.0,
+            rope_scale=r0.factor if r0.rope_type != "default" and r0.factor else 1.0,
             rope_type=r0.rope_type,
-            rope_llama3=(
-                (r0.low_freq_factor, r0.high_freq_factor, r0.original_max_position_embeddings)
-                if r0.rope_type == "llama3"
-                else None
-            ),
+            rope_llama3=_llama3_fields(r0),
             vocab_size=vocab,
             markov_rank=markov_rank,
             markov_type=markov_type,
@@ -236,204 +271,16 @@ class DflashCfg:
             confidence_with_markov=conf_markov and markov_type is not None,
             layout=layout,
             architectures=tuple(architectures),
-            rope=rope,
+            rope=rope_specs,
             attention_bias=attention_bias,
             is_causal=is_causal,
         )
 
 
-class _Parser:
-    """Reads typed keys from a config dict and collects every problem before raising."""
-
-    def __init__(self, raw: dict[str, Any], source: str) -> None:
-        self.raw, self.source, self.problems = raw, source, []
-
-    def problem(self, key: str, msg: str) -> None:
-        self.problems.append(f"{key}: {msg}")
-
-    def raise_if_any(self) -> None:
-        if self.problems:
-            lines = "\n  ".join(self.problems)
-            raise ConfigError(f"{self.source}: {len(self.problems)} problem(s):\n  {lines}")
-
-    _REQUIRED = object()
-
-    def _get(self, key: str, default: Any, alt: dict | None) -> tuple[bool, Any]:
-        if key in self.raw and self.raw[key] is not None:
-            return True, self.raw[key]
-        if alt is not None and alt.get(key) is not None:
-            return True, alt[key]
-        if default is self._REQUIRED:
-            where = " (top level or dflash_config)" if alt is not None else ""
-            self.problem(key, f"missing{where}")
-        return False, None if default is self._REQUIRED else default
-
-    def int(
-        self,
-        key: str,
-        default: Any = _REQUIRED,
-        min_value: int | None = None,
-        alt: dict | None = None,
-    ) -> Any:
-        found, v = self._get(key, default, alt)
-        if not found:
-            return v
-        if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and v.is_integer():
-                v = int(v)
-            else:
-                self.problem(key, f"must be an integer, found {v!r}")
-                return None
-        if min_value is not None and v < min_value:
-            self.problem(key, f"must be >= {min_value}, found {v}")
-            return None
-        return v
-
-    def float(
-        self, key: str, default: Any = _REQUIRED, positive: bool = False, src: dict | None = None
-    ) -> Any:
-        d = self.raw if src is None else src
-        if d.get(key) is None:
-            if default is self._REQUIRED:
-                self.problem(key, "missing")
-                return None
-            return default
-        v = d[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            self.problem(key, f"must be a finite number, found {v!r}")
-            return None
-        if positive and v <= 0:
-            self.problem(key, f"must be > 0, found {v}")
-            return None
-        return float(v)
-
-    def bool(self, key: str, default: bool, src: dict | None = None, name: str = "") -> bool:
-        v = (self.raw if src is None else src).get(key)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            self.problem(name or key, f"must be true or false, found {v!r}")
-            return default
-        return v
-
-    def int_list(self, key: str, alt: dict | None = None) -> list[int] | None:
-        found, v = self._get(key, self._REQUIRED, alt)
-        if not found:
-            return None
-        if (
-            not isinstance(v, list)
-            or not v
-            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
-        ):
-            self.problem(key, f"must be a non-empty list of non-negative integers, found {v!r}")
-            return None
-        return v
-
-
-def _parse_layer_types(
-    p: _Parser, raw: dict[str, Any], n_layer: int | None
-) -> tuple[int | None, list[bool]]:
-    layer_types = raw.get("layer_types")
-    if layer_types is None:
-        if raw.get("use_sliding_window") is True:
-            p.problem("use_sliding_window", "true without layer_types: say which layers slide")
-        return None, [False] * (n_layer or 0)
-    allowed = ("sliding_attention", "full_attention")
-    if not isinstance(layer_types, list) or not all(t in allowed for t in layer_types):
-        p.problem("layer_types", f"must be a list of {allowed}, found {layer_types!r}")
-        return None, [False] * (n_layer or 0)
-    if n_layer is not None and len(layer_types) != n_layer:
-        p.problem("layer_types", f"has {len(layer_types)} entries for {n_layer} layers")
-        return None, [False] * n_layer
-    sliding = [t == "sliding_attention" for t in layer_types]
-    window = None
-    if any(sliding):
-        window = p.int("sliding_window", min_value=1)
-    return window, sliding
-
-
-def _parse_layout(p: _Parser, raw: dict[str, Any], architectures: list[str]) -> str:
-    bonus = p.bool("dspark_bonus_anchor", default=None)  # type: ignore[arg-type]
-    sample = p.bool("sample_from_anchor", default=None)  # type: ignore[arg-type]
-    if bonus is not None and sample is not None and bonus == sample:
-        p.problem("sample_from_anchor", f"contradicts dspark_bonus_anchor={bonus}")
-    if bonus is not None:
-        return BONUS_ANCHOR if bonus else SAMPLE_FROM_ANCHOR
-    if sample is not None:
-        return SAMPLE_FROM_ANCHOR if sample else BONUS_ANCHOR
-    if any("dspark" in a.lower() for a in architectures):
-        return SAMPLE_FROM_ANCHOR
-    return BONUS_ANCHOR
-
-
-def _parse_causal(p: _Parser, raw: dict[str, Any], nested: dict[str, Any]) -> bool:
-    """`is_causal` (top level, or in dflash_config), or vLLM's `dflash_config.causal`: a true
-    value masks block rows after the query inside the block (vLLM's _dflash_layer_causal lets
-    the top-level key win; two keys that disagree are refused rather than guessed)."""
-    found = {
-        name: p.bool(key, None, src, name)  # type: ignore[arg-type]
-        for name, key, src in (
-            ("is_causal", "is_causal", raw),
-            ("dflash_config.is_causal", "is_causal", nested),
-            ("dflash_config.causal", "causal", nested),
-        )
-    }
-    given = {k: v for k, v in found.items() if v is not None}
-    if len(set(given.values())) > 1:
-        p.problem("is_causal", f"the causality keys disagree: {given}")
-    return bool(next(iter(given.values()), False))
-
-
-# keys (top level or in dflash_config) whose value changes the math, with the value that is
-# the plain DFlash behaviour implemented here; anything else is refused, never ignored
-_NEUTRAL = {
-    "input_embedding_scale": 1,
-    "output_multiplier": 1,
-    "use_aux_hidden_state": True,
-    "is_neox_style": True,
-    "mlp_bias": False,
-    "use_swa": False,
-    "attention_sink_bias": False,
-    "add_swa_attention_sink_bias": False,
-}
-# DFlash2 (conv + candidate selector) keys: any value is a head this runtime does not have
-_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-
-
-def _refuse_unimplemented(
-    p: _Parser,
-    raw: dict[str, Any],
-    nested: dict[str, Any],
-    architectures: list[str],
-    hidden: int | None,
-) -> None:
-    for a in architectures:
-        if "dflash2" in a.lower():
-            p.problem(
-                "architectures",
-                f"{a!r}: DFlash2 drafters (grouped conv + candidate selector) are not implemented",
-            )
-    for where, d in (("", raw), ("dflash_config.", nested)):
-        for key in _DFLASH2_KEYS:
-            if d.get(key) is not None:
-                p.problem(where + key, f"{d[key]!r}: a DFlash2 head, not implemented")
-        for key, neutral in _NEUTRAL.items():
-            if d.get(key) is not None and d[key] != neutral:
-                p.problem(where + key, f"{d[key]!r} is not implemented (only {neutral!r})")
-    window = nested.get("swa_window_size")
-    if window is not None and window != raw.get("sliding_window"):
-        p.problem(
-            "dflash_config.swa_window_size",
-            f"{window!r} differs from sliding_window "
-            f"{raw.get('sliding_window')!r}; a separate draft window is not implemented",
-        )
-    act = raw.get("hidden_act")  # what the Qwen3 MLP of every DFlash runtime reads
-    if act is not None and act not in HIDDEN_ACTS:
-        p.problem("hidden_act", f"{act!r} is not implemented (only {', '.join(HIDDEN_ACTS)})")
-    target_hidden = raw.get("target_hidden_size")
-    if target_hidden is not None and hidden is not None and target_hidden != hidden:
-        p.problem(
-            "target_hidden_size",
-            f"{target_hidden!r} differs from hidden_size {hidden}; "
-            "fc expects the target's hidden size to equal the drafter's",
-        )
+def _llama3_fields(spec: RopeSpec) -> tuple[float, float, float] | None:
+    """(low_freq_factor, high_freq_factor, original) of a llama3 spec, else None."""
+    low, high = spec.low_freq_factor, spec.high_freq_factor
+    orig = spec.original_max_position_embeddings
+    if spec.rope_type != "llama3" or low is None or high is None or orig is None:
+        return None
+    return low, high, orig

@@ -1,5 +1,7 @@
 """Exception types. Every message names the tensor, key, shape or argument at fault."""
 
+import re
+
 
 class PydflashError(Exception):
     """Base class of every error pydflash raises on purpose."""
@@ -36,3 +38,30 @@ class KernelCompileError(PydflashError, RuntimeError):
 
 class DeviceError(PydflashError, RuntimeError):
     """No usable CUDA device, or CuPy is not installed."""
+
+
+MAX_LISTED = 100  # problems a message lists in full (a hostile header can make 100k)
+MAX_LINE = 300  # characters of one problem (a tensor name can be megabytes)
+
+
+def collected(source: object, problems: list[str]) -> str:
+    """The message of an error reporting several problems: 'SOURCE: N problem(s):' then one
+    indented line each, the first MAX_LISTED of them, each cut to MAX_LINE characters."""
+    lines = [p if len(p) <= MAX_LINE else p[: MAX_LINE - 3] + "..." for p in problems]
+    if len(lines) > MAX_LISTED:
+        lines = lines[:MAX_LISTED] + [f"... and {len(lines) - MAX_LISTED} more"]
+    return f"{source}: {len(problems)} problem(s):\n  " + "\n  ".join(lines)
+
+
+_HEAD = re.compile(r"(?P<source>.*?): (?P<what>[^:]*?)\(?\d+ problem\(s\)\)?:")
+
+
+def problem_lines(exc: BaseException) -> list[str]:
+    """One line per problem an error reports: the collected form 'SOURCE: N problem(s):' with
+    one indented problem a line becomes 'SOURCE: problem' lines; any other message is one
+    line (its line breaks folded). For tools that print a line per problem."""
+    head, _, rest = str(exc).partition("\n")
+    m = _HEAD.fullmatch(head)
+    if m and rest:
+        return [f"{m['source']}: {line.strip()}" for line in rest.splitlines() if line.strip()]
+    return [" | ".join(part.strip() for part in str(exc).splitlines() if part.strip())]

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from pydflash.errors import QuantizationError
+from pydflash.jsonio import brief
 
 QK = 32
 """Elements per quantization block (along a row)."""
@@ -71,8 +72,27 @@ def _not_blockable(fmt: str, shape: tuple[int, ...]) -> QuantizationError:
     )
 
 
+MAX_DIM = 2**31 - 1  # a weight dimension (a vocabulary at most); larger is no weight
+
+
+def _dim(value: object, name: str) -> int:
+    """A matrix dimension: an integer in [0, MAX_DIM] (bools, floats, strings refused)."""
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, np.integer))
+        or not 0 <= value <= MAX_DIM
+    ):
+        raise QuantizationError(
+            f"{name} must be an integer in [0, {MAX_DIM}], found {brief(value)}"
+        )
+    return int(value)
+
+
 def nbytes(fmt: str, rows: int, cols: int) -> int:
     """Bytes a [rows, cols] weight occupies in ``fmt``; block formats need cols % 32 == 0."""
+    rows, cols = _dim(rows, "rows"), _dim(cols, "cols")
+    if not isinstance(fmt, str):
+        raise QuantizationError(f"unknown weight format {fmt!r}; expected one of {FORMATS}")
     if fmt in _BYTES_PER_ELEMENT:
         return rows * cols * _BYTES_PER_ELEMENT[fmt]
     if fmt not in FORMAT_BYTES_PER_BLOCK:
@@ -83,7 +103,10 @@ def nbytes(fmt: str, rows: int, cols: int) -> int:
 
 
 def _as_blockable_matrix(a: ArrayLike, fmt: str) -> np.ndarray:
-    arr = np.asarray(a)
+    try:
+        arr = np.asarray(a)
+    except (TypeError, ValueError) as exc:
+        raise QuantizationError(f"{fmt} quantizes arrays; got {type(a).__name__}: {exc}") from None
     if arr.ndim != 2:
         raise QuantizationError(f"{fmt} quantizes 2-D matrices; got shape {arr.shape}")
     if arr.dtype.kind != "f" and arr.dtype != ml_dtypes.bfloat16:
@@ -135,14 +158,17 @@ def _f16_le_bytes(d: np.ndarray, fmt: str, blocks: slice, cols: int) -> np.ndarr
 
 def _blocks_of(buf: ArrayLike, shape: tuple[int, int], fmt: str) -> np.ndarray:
     """Validate a flat encoded buffer against ``shape`` and view it as [nblocks, bytes]."""
-    if len(shape) != 2:
-        raise QuantizationError(f"{fmt} decodes to a 2-D shape; got {tuple(shape)}")
-    rows, cols = (int(s) for s in shape)
+    if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+        raise QuantizationError(f"{fmt} decodes to a 2-D shape (rows, cols); got {shape!r}")
+    rows, cols = _dim(shape[0], "shape[0]"), _dim(shape[1], "shape[1]")
     expected = nbytes(fmt, rows, cols)
     if isinstance(buf, (bytes, bytearray, memoryview)):
         raw = np.frombuffer(buf, dtype=np.uint8)
     else:
-        raw = np.asarray(buf)
+        try:
+            raw = np.asarray(buf)
+        except (TypeError, ValueError) as exc:
+            raise QuantizationError(f"{fmt} buffer is not an array: {exc}") from None
         if raw.dtype != np.uint8:
             raise QuantizationError(f"{fmt} buffer must be uint8 bytes; got dtype {raw.dtype}")
         raw = raw.reshape(-1)
@@ -189,7 +215,7 @@ def encode_q8_0(a: ArrayLike) -> np.ndarray:
 def decode_q8_0(buf: ArrayLike, shape: tuple[int, int]) -> np.ndarray:
     """q8_0 bytes -> float32 [rows, cols]: x' = q * float(f16 d), as GGML dequantizes."""
     blocks = _blocks_of(buf, shape, "q8_0")
-    return (blocks[:, 2:].view(np.int8) * _scales(blocks)).reshape(shape)
+    return (blocks[:, 2:].view(np.int8) * _scales(blocks)).reshape(tuple(shape))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,4 +253,4 @@ def decode_q4_0(buf: ArrayLike, shape: tuple[int, int]) -> np.ndarray:
     out = np.empty((blocks.shape[0], QK), dtype=np.float32)
     np.multiply((qs & 0x0F).astype(np.int8) - 8, d, out=out[:, : QK // 2])
     np.multiply((qs >> 4).astype(np.int8) - 8, d, out=out[:, QK // 2 :])
-    return out.reshape(shape)
+    return out.reshape(tuple(shape))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import rope
+from . import bounds, checks, philox, rope, speculative
 from .checkpoint import (
     CONF_B,
     CONF_W,
@@ -26,7 +26,14 @@ from .checkpoint import (
     Checkpoint,
 )
 from .config import DflashCfg
-from .errors import CapacityError, ShapeError
+from .errors import ShapeError
+from .reference_state import (
+    ReferenceKv,
+    Weights,
+    checked_weights,
+    draft_args,
+    float_dtype,
+)
 from .rope import llama3_inv_freq  # noqa: F401  (re-exported: older code imports it from here)
 
 
@@ -106,19 +113,6 @@ def attention(
     return np.einsum("hmn,nhd->mhd", p, vv).reshape(m, nh * hd)
 
 
-# -- the KV cache ----------------------------------------------------------------------------
-class ReferenceKv:
-    """Per layer the normed+roped K and raw V of committed ctx rows, plus their positions."""
-
-    def __init__(self, cfg: DflashCfg, cap: int, dtype: type = np.float32) -> None:
-        if cap < 0:
-            raise CapacityError(f"cap must be >= 0, found {cap}")
-        self.cfg, self.cap, self.len = cfg, int(cap), 0
-        self.k = [np.zeros((cap, cfg.n_kv, cfg.head_dim), dtype) for _ in range(cfg.n_layer)]
-        self.v = [np.zeros((cap, cfg.n_kv, cfg.head_dim), dtype) for _ in range(cfg.n_layer)]
-        self.pos = np.zeros(cap, np.int64)
-
-
 @dataclasses.dataclass
 class DraftResult:
     """Draft tokens for the layout's draft rows, with what the verifier may need."""
@@ -127,6 +121,7 @@ class DraftResult:
     probs: np.ndarray | None = None  # [n_drafts, V] sampling distributions (temperature > 0)
     confidence: np.ndarray | None = None  # c_k per draft
     survival: np.ndarray | None = None  # a_k = prod_{i<=k} c_i
+    q: np.ndarray | None = None  # q(token) per draft: probs[k, tokens[k]]; 1.0 when greedy
 
 
 # -- the drafter -----------------------------------------------------------------------------
@@ -134,41 +129,41 @@ class ReferenceDraft:
     def __init__(
         self, cfg: DflashCfg, weights: Mapping[str, np.ndarray], dtype: type = np.float32
     ) -> None:
-        self.cfg, self.dtype = cfg, np.dtype(dtype)
-        self.w = {name: np.asarray(a, dtype=self.dtype) for name, a in weights.items()}
+        if not isinstance(cfg, DflashCfg):
+            raise ShapeError(f"cfg: expected a DflashCfg, found {type(cfg).__name__}")
+        bounds.check_cfg(cfg, "cfg")
+        self.cfg, self.dtype = cfg, float_dtype(dtype)
+        self.w = Weights(checked_weights(cfg, weights, self.dtype))
         # per layer: its own inverse frequencies and attention factor (per-layer-type RoPE)
-        self.rope = [
-            (rope.inv_freq(cfg.rope_of(i), cfg.head_dim), rope.attention_factor(cfg.rope_of(i)))
-            for i in range(cfg.n_layer)
-        ]
+        self.rope = [rope.tables(cfg.rope_of(i), cfg.head_dim) for i in range(cfg.n_layer)]
         self.inv_freq = self.rope[0][0] if self.rope else cfg_inv_freq(cfg)
 
     @classmethod
     def load(cls, ckpt_dir: str | Path, dtype: type = np.float32) -> ReferenceDraft:
-        ckpt = Checkpoint.open(ckpt_dir)
-        return cls(ckpt.cfg, {n: ckpt.read(n) for n in ckpt.tensors}, dtype)
+        """The drafter of a checkpoint directory, reading only the tensors its math uses (not
+        the embed / lm_head copies, nor foreign tensors), each once."""
+        with Checkpoint.open(ckpt_dir) as ckpt:
+            return cls(ckpt.cfg, {n: ckpt.read(n) for n in ckpt.used_shapes()}, dtype)
 
-    # -- input checks --------------------------------------------------------------------
+    # -- input checks (pydflash.checks: the rules of the GPU entry points) -----------------
     def _rows(self, name: str, a: np.ndarray, rows: int, cols: int) -> np.ndarray:
-        a = np.asarray(a, dtype=self.dtype)
-        if a.size != rows * cols:
-            raise ShapeError(
-                f"{name}: expected {rows}x{cols} = {rows * cols} values, "
-                f"found shape {list(a.shape)}"
-            )
-        return a.reshape(rows, cols)
+        return checks.host_rows(a, name, rows, cols, self.dtype)
 
     def _positions(self, name: str, pos: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
-        p = np.asarray(pos, dtype=np.int64).reshape(-1)
-        if p.size != n:
-            raise ShapeError(f"{name}: expected {n} positions, found {p.size}")
-        return p
+        p = checks.host_int32(pos, name)
+        checks.check_len(p, name, n)
+        return p.astype(np.int64)
+
+    def _check_kv(self, kv: ReferenceKv) -> None:
+        if not isinstance(kv, ReferenceKv):
+            raise ShapeError(f"kv: expected a ReferenceKv, found {type(kv).__name__}")
+        checks.kv_matches(kv.cfg, self.cfg)
 
     # -- the data flow, top to bottom ----------------------------------------------------
     def ctx_features(self, taps: np.ndarray, t: int) -> np.ndarray:
         """hidden_norm(fc(taps)): taps [t, n_taps*hidden] -> [t, hidden]."""
         c = self.cfg
-        x = self._rows("taps", taps, t, c.n_taps * c.hidden)
+        x = self._rows("taps", taps, checks.count(t, "t"), c.n_taps * c.hidden)
         return rms_norm(x @ self.w["fc.weight"].T, self.w["hidden_norm.weight"], c.eps)
 
     def _proj(self, x: np.ndarray, name: str) -> np.ndarray:
@@ -221,6 +216,9 @@ class ReferenceDraft:
         ctx: int,
     ) -> np.ndarray:
         """Taps of ctx rows + block embeddings -> normed block hidden [b, hidden]."""
+        c = self.cfg  # the order of DflashDraft.forward's checks
+        self._rows("noise_emb", noise_emb, c.block_size, c.hidden)
+        self._positions("pos", pos, checks.count(ctx, "ctx") + c.block_size)
         return self.forward_block(self.ctx_features(target_hidden, ctx), noise_emb, pos, ctx)
 
     def forward_block(
@@ -228,7 +226,7 @@ class ReferenceDraft:
     ) -> np.ndarray:
         """Block forward over precomputed ctx features; pos = ctx positions then block ones."""
         c, b = self.cfg, self.cfg.block_size
-        feats = self._rows("ctx_f", ctx_f, ctx, c.hidden)
+        feats = self._rows("ctx_f", ctx_f, checks.count(ctx, "ctx"), c.hidden)
         x = self._rows("noise_emb", noise_emb, b, c.hidden)
         p = self._positions("pos", pos, ctx + b)
         for layer in range(c.n_layer):
@@ -241,27 +239,30 @@ class ReferenceDraft:
     ) -> None:
         """Append t committed ctx rows' K/V at kv.len (all checks before any write)."""
         c = self.cfg
-        f = self._rows("feats", feats, t, c.hidden)
+        self._check_kv(kv)
+        f = self._rows("feats", feats, checks.count(t, "t"), c.hidden)
         p = self._positions("pos_new", pos_new, t)
-        if kv.len + t > kv.cap:
-            raise CapacityError(f"ingest_ctx: {t} rows at len {kv.len} exceed cap {kv.cap}")
+        kv.check_room(t, "ingest_ctx")
         new = [self._ctx_kv(layer, f, p) for layer in range(c.n_layer)]
-        for layer, (k, v) in enumerate(new):
-            kv.k[layer][kv.len : kv.len + t] = k
-            kv.v[layer][kv.len : kv.len + t] = v
-        kv.pos[kv.len : kv.len + t] = p
-        kv.len += t
+        rows = slice(kv.len, kv.len + t)
+        for layer, (k, v) in enumerate(new):  # kv rows are kv_dim wide, as on the GPU
+            kv.k[layer][rows] = k.reshape(kv.k[layer][rows].shape)
+            kv.v[layer][rows] = v.reshape(kv.v[layer][rows].shape)
+        kv.pos[rows] = p
+        kv.commit(t)
 
     def forward_round(
         self, kv: ReferenceKv, noise_emb: np.ndarray, pos_block: Sequence[int] | np.ndarray
     ) -> np.ndarray:
         """Block forward over the cached ctx K/V; the block's own K/V are never committed."""
         c, b = self.cfg, self.cfg.block_size
+        self._check_kv(kv)
         x = self._rows("noise_emb", noise_emb, b, c.hidden)
         p = self._positions("pos_block", pos_block, b)
-        n = kv.len
+        n, heads = kv.len, (kv.len, c.n_kv, c.head_dim)
         for layer in range(c.n_layer):
-            x = self._layer(layer, x, p, kv.k[layer][:n], kv.v[layer][:n], kv.pos[:n])
+            k, v = kv.k[layer][:n].reshape(heads), kv.v[layer][:n].reshape(heads)
+            x = self._layer(layer, x, p, k, v, kv.pos[:n])
         return rms_norm(x, self.w["norm.weight"], c.eps)
 
     # -- logits -> draft tokens ------------------------------------------------------------
@@ -291,18 +292,29 @@ class ReferenceDraft:
         logit_softcap: float | None = None,
         temperature: float = 0.0,
         rng: np.random.Generator | None = None,
+        uniforms: np.ndarray | None = None,
+        seed: int | None = None,
+        offset: int = 0,
     ) -> DraftResult:
-        """Draft tokens for the layout's rows, the Markov chain running left to right."""
+        """Draft tokens for the layout's rows, the Markov chain running left to right.
+
+        temperature > 0 samples from softmax((capped logits + Markov bias) / T): with `uniforms`
+        [n_drafts, V] or a Philox `seed` (+ `offset`: pydflash.philox, stream DRAFT, row = slot)
+        by the Gumbel-max rule the GPU uses (speculative.gumbel_argmax), so both return the
+        same tokens; otherwise with `rng` (numpy's choice)."""
         c = self.cfg
-        h = self._rows("hidden", hidden, c.block_size, c.hidden)
-        lm = np.asarray(lm_head, dtype=self.dtype)
-        if lm.ndim != 2 or lm.shape[1] != c.hidden:
-            raise ShapeError(f"lm_head: expected [V, {c.hidden}], found {list(lm.shape)}")
-        if temperature < 0:
-            raise ShapeError(f"temperature must be >= 0, found {temperature}")
-        if temperature > 0 and rng is None:
-            rng = np.random.default_rng()
+        h, lm, last, logit_softcap, temperature = draft_args(
+            c, self.w, self.dtype, hidden, lm_head, last, logit_softcap, temperature, rng
+        )
         rows = c.draft_rows()
+        gumbel_u = None
+        if temperature > 0 and uniforms is not None:
+            gumbel_u = self._rows("uniforms", uniforms, len(rows), lm.shape[0])
+        elif temperature > 0 and seed is not None:
+            gumbel_u = philox.uniforms(seed, offset, philox.STREAM_DRAFT, len(rows), lm.shape[0])
+        elif temperature > 0 and rng is None:
+            rng = np.random.default_rng()
+        q = np.ones(len(rows), self.dtype)
         tokens = np.zeros(len(rows), np.int64)
         probs = np.zeros((len(rows), lm.shape[0]), self.dtype) if temperature > 0 else None
         conf = np.zeros(len(rows), self.dtype) if c.confidence_head else None
@@ -326,14 +338,20 @@ class ReferenceDraft:
                 z = logits / temperature
                 pr = np.exp(z - z.max())
                 pr /= pr.sum()
+                assert probs is not None  # allocated when temperature > 0
                 probs[i] = pr
-                p64 = pr.astype(np.float64)  # renormalised in float64: numpy's check
-                tok = int(rng.choice(len(p64), p=p64 / p64.sum()))  # is ~1e-8 tight
+                if gumbel_u is not None:
+                    tok = speculative.gumbel_argmax(logits, temperature, gumbel_u[i])
+                else:
+                    assert rng is not None  # set above when neither uniforms nor seed is
+                    p64 = pr.astype(np.float64)  # renormalised in float64: numpy's check
+                    tok = int(rng.choice(len(p64), p=p64 / p64.sum()))  # is ~1e-8 tight
+                q[i] = pr[tok]
             else:
                 tok = int(np.argmax(logits))  # ties: the lowest index
             tokens[i] = prev = tok
         survival = np.cumprod(conf) if conf is not None else None
-        return DraftResult(tokens, probs, conf, survival)
+        return DraftResult(tokens, probs, conf, survival, q)
 
     def draft_tokens(
         self,

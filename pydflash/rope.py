@@ -1,5 +1,6 @@
-"""RoPE of each drafter layer: its RopeSpec parsed from config.json, and the inverse-frequency
-table and attention factor computed as transformers' `modeling_rope_utils.py` does.
+"""RoPE of each drafter layer: its RopeSpec (parsed from config.json by `rope_parse`), and the
+inverse-frequency table and attention factor computed as transformers' `modeling_rope_utils.py`
+does.
 
 Tables are float32 with torch semantics (every elementwise step rounded to float32, Python
 scalars taken as float32); the correction range of YaRN is computed in double, as there. The
@@ -10,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
 from .errors import ConfigError
+from .jsonio import brief
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -50,10 +50,10 @@ class RopeSpec:
                 f"RopeSpec.rope_type: {self.rope_type!r} is not implemented "
                 f"(implemented: {', '.join(ROPE_TYPES)})"
             )
-        if not (
-            isinstance(self.theta, (int, float)) and math.isfinite(self.theta) and self.theta > 0
-        ):
-            raise ConfigError(f"RopeSpec.theta: must be a finite number > 0, found {self.theta!r}")
+        if not _positive_finite(self.theta):
+            raise ConfigError(
+                f"RopeSpec.theta: must be a finite number > 0, found {brief(self.theta)}"
+            )
         need = {
             "linear": ("factor",),
             "llama3": (
@@ -73,6 +73,23 @@ class RopeSpec:
             object.__setattr__(self, "beta_slow", self.beta_slow or 1.0)
             if self.truncate is None:
                 object.__setattr__(self, "truncate", True)
+
+
+def _positive_finite(v: object) -> bool:
+    """A real number (not a bool) that is finite and > 0 as a float (huge ints are not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v)) and v > 0
+    except OverflowError:
+        return False
+
+
+def _need(value: float | None, name: str) -> float:
+    """A parameter the RoPE type requires (RopeSpec refuses a spec without it)."""
+    if value is None:
+        raise ConfigError(f"RopeSpec: {name} is required here")
+    return value
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -109,12 +126,15 @@ def yarn_correction_range(spec: RopeSpec, head_dim: int) -> tuple[float, float]:
     """transformers' find_correction_range: the dimension band (low, high) over which YaRN
     ramps from extrapolation to interpolation; floor/ceil only when truncate is true."""
 
-    def dim_of(rotations: float) -> float:
-        return (
-            head_dim * math.log(spec.original_max_position_embeddings / (rotations * 2 * math.pi))
-        ) / (2 * math.log(spec.theta))
+    original = _need(spec.original_max_position_embeddings, "original_max_position_embeddings")
 
-    low, high = dim_of(spec.beta_fast), dim_of(spec.beta_slow)
+    def dim_of(rotations: float) -> float:
+        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (
+            2 * math.log(spec.theta)
+        )
+
+    low = dim_of(_need(spec.beta_fast, "beta_fast"))
+    high = dim_of(_need(spec.beta_slow, "beta_slow"))
     if spec.truncate:
         low, high = math.floor(low), math.ceil(high)
     return max(low, 0), min(high, head_dim - 1)
@@ -125,7 +145,7 @@ def _yarn_inv_freq(spec: RopeSpec, head_dim: int) -> np.ndarray:
         _F32(spec.theta), np.arange(0, head_dim, 2).astype(_F32) / _F32(head_dim), dtype=_F32
     )
     extrapolation = _F32(1.0) / pos_freqs
-    interpolation = _F32(1.0) / (_F32(spec.factor) * pos_freqs)
+    interpolation = _F32(1.0) / (_F32(_need(spec.factor, "factor")) * pos_freqs)
     low, high = yarn_correction_range(spec, head_dim)
     if low == high:
         high += 0.001  # transformers: prevent a division by zero
@@ -144,14 +164,14 @@ def inv_freq(spec: RopeSpec, head_dim: int) -> np.ndarray:
         return _yarn_inv_freq(spec, head_dim)
     base = default_inv_freq(head_dim, spec.theta)
     if spec.rope_type == "linear":
-        return (base / _F32(spec.factor)).astype(_F32)
+        return (base / _F32(_need(spec.factor, "factor"))).astype(_F32)
     if spec.rope_type == "llama3":
         return llama3_inv_freq(
             base,
-            spec.factor,
-            spec.low_freq_factor,
-            spec.high_freq_factor,
-            spec.original_max_position_embeddings,
+            _need(spec.factor, "factor"),
+            _need(spec.low_freq_factor, "low_freq_factor"),
+            _need(spec.high_freq_factor, "high_freq_factor"),
+            _need(spec.original_max_position_embeddings, "original_max_position_embeddings"),
         )
     return base
 
@@ -170,11 +190,45 @@ def attention_factor(spec: RopeSpec) -> float:
         return 1.0
     if spec.attention_factor is not None:
         return float(spec.attention_factor)
+    factor = _need(spec.factor, "factor")
     if spec.mscale and spec.mscale_all_dim:
-        return float(
-            get_mscale(spec.factor, spec.mscale) / get_mscale(spec.factor, spec.mscale_all_dim)
+        return float(get_mscale(factor, spec.mscale) / get_mscale(factor, spec.mscale_all_dim))
+    return float(get_mscale(factor))
+
+
+def tables(spec: RopeSpec, head_dim: int) -> tuple[np.ndarray, float]:
+    """(inverse frequencies, attention factor) of `spec`, or a ConfigError when either is
+    non-finite or zero: a zero inverse frequency leaves its dimensions unrotated and a
+    non-finite one turns every rotated q/k into NaN (e.g. rope_theta 1e-300 or a factor that
+    float32 rounds to 0), which would compute garbage silently."""
+    try:
+        with np.errstate(all="ignore"):
+            inv = inv_freq(spec, head_dim)
+        factor = attention_factor(spec)
+    except (ArithmeticError, ValueError) as exc:  # log of 1 or of a negative, overflow
+        raise ConfigError(
+            f"RoPE {describe_short(spec)}: cannot compute its tables ({exc})"
+        ) from None
+    bad = ~np.isfinite(inv) | (inv == 0)
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise ConfigError(
+            f"RoPE {describe_short(spec)}: inverse frequency {j} of head_dim {head_dim} is "
+            f"{float(inv[j])!r} (must be finite and non-zero)"
         )
-    return float(get_mscale(spec.factor))
+    if not (math.isfinite(factor) and factor != 0):
+        raise ConfigError(
+            f"RoPE {describe_short(spec)}: attention factor {factor!r} (must be finite and "
+            "non-zero)"
+        )
+    return inv, factor
+
+
+def describe_short(spec: RopeSpec) -> str:
+    """The type and the parameters that are set, for error messages."""
+    fields = dataclasses.asdict(spec)
+    kind = fields.pop("rope_type")
+    return f"{kind}(" + ", ".join(f"{k}={v!r}" for k, v in fields.items() if v is not None) + ")"
 
 
 def describe(spec: RopeSpec) -> str:
@@ -200,167 +254,3 @@ def describe(spec: RopeSpec) -> str:
         )
     parts.append(f"attention factor {attention_factor(spec):.6g}")
     return ", ".join(parts)
-
-
-# -- parsing config.json ---------------------------------------------------------------------
-Problem = Callable[[str, str], None]
-
-
-def _num(
-    d: dict[str, Any],
-    key: str,
-    where: str,
-    problem: Problem,
-    *,
-    required: bool = False,
-    positive: bool = True,
-) -> float | None:
-    v = d.get(key)
-    if v is None:
-        if required:
-            problem(f"{where}{key}", "missing")
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        problem(f"{where}{key}", f"must be a finite number, found {v!r}")
-        return None
-    if positive and v <= 0:
-        problem(f"{where}{key}", f"must be > 0, found {v}")
-        return None
-    return float(v)
-
-
-def _partial_rotary(d: dict[str, Any], where: str, problem: Problem) -> None:
-    v = d.get("partial_rotary_factor")
-    if v is not None and v != 1:
-        problem(
-            f"{where}partial_rotary_factor",
-            f"{v!r}: partial rotary embeddings are not "
-            "implemented (every head dimension is rotated)",
-        )
-
-
-def _spec(
-    d: dict[str, Any], where: str, raw: dict[str, Any], top_theta: float | None, problem: Problem
-) -> RopeSpec | None:
-    """A flat parameter dict (rope_parameters / rope_scaling or one layer type's entry); None
-    after reporting what is wrong with it."""
-    found: list[str] = []
-
-    def report(key: str, msg: str) -> None:
-        found.append(key)
-        problem(key, msg)
-
-    kind = d.get("rope_type", d.get("type", "default"))  # "type": the HF 4.x spelling
-    if kind not in ROPE_TYPES:
-        report(
-            f"{where}rope_type",
-            f"{kind!r} is not implemented (implemented: {', '.join(ROPE_TYPES)})",
-        )
-        return None
-    _partial_rotary(d, where, report)
-    theta = _num(d, "rope_theta", where, report)
-    if theta is not None and top_theta is not None and theta != top_theta:
-        report(
-            f"{where}rope_theta", f"{theta:g} contradicts the top-level rope_theta {top_theta:g}"
-        )
-    theta = theta if theta is not None else top_theta
-    if theta is None:
-        report("rope_theta", f"missing (looked at top level and {where.rstrip('.')})")
-    kw: dict[str, Any] = {}
-    if kind in ("linear", "llama3"):
-        kw["factor"] = _num(d, "factor", where, report, required=True)
-    if kind == "llama3":
-        for key in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-            kw[key] = _num(d, key, where, report, required=True)
-        low, high = kw["low_freq_factor"], kw["high_freq_factor"]
-        if low is not None and high is not None and high <= low:
-            report(f"{where}high_freq_factor", f"{high} must exceed low_freq_factor {low}")
-    if kind == "yarn":
-        # transformers: the original length falls back to max_position_embeddings, and a
-        # missing factor is max_position_embeddings / original
-        orig = _num(d, "original_max_position_embeddings", where, report)
-        mpe = _num(raw, "max_position_embeddings", "", report)
-        if orig is None:
-            orig = mpe
-            if orig is None:
-                report(
-                    f"{where}original_max_position_embeddings",
-                    "missing (and no top-level max_position_embeddings)",
-                )
-        factor = _num(d, "factor", where, report)
-        if factor is None and orig is not None and mpe is not None:
-            factor = mpe / orig
-        elif factor is None:
-            report(f"{where}factor", "missing")
-        truncate = d.get("truncate", True)
-        if not isinstance(truncate, bool):
-            report(f"{where}truncate", f"must be true or false, found {truncate!r}")
-        kw.update(
-            factor=factor,
-            original_max_position_embeddings=orig,
-            truncate=truncate,
-            beta_fast=_num(d, "beta_fast", where, report, positive=False),
-            beta_slow=_num(d, "beta_slow", where, report, positive=False),
-            mscale=_num(d, "mscale", where, report, positive=False),
-            mscale_all_dim=_num(d, "mscale_all_dim", where, report, positive=False),
-            attention_factor=_num(d, "attention_factor", where, report),
-        )
-    return None if found else RopeSpec(kind, theta, **kw)
-
-
-def specs_from_config(
-    raw: dict[str, Any], layer_types: Sequence[str] | None, n_layer: int | None, problem: Problem
-) -> tuple[RopeSpec, ...]:
-    """Every layer's RopeSpec from an HF config dict: `rope_theta` at top level and/or in
-    `rope_parameters` / `rope_scaling` (flat, or per layer type: {"sliding_attention": {...},
-    "full_attention": {...}}, each entry its own type/theta/parameters). Problems go to
-    `problem(key, message)`; the result is () when there was one."""
-    n_problems = [0]
-
-    def counted(key: str, msg: str) -> None:
-        n_problems[0] += 1
-        problem(key, msg)
-
-    top_theta = _num(raw, "rope_theta", "", counted)
-    _partial_rotary(raw, "", counted)
-    n = n_layer or 0
-    types = list(layer_types) if layer_types is not None else ["full_attention"] * n
-    per_key: dict[str, tuple[RopeSpec, ...]] = {}
-    for key in ("rope_parameters", "rope_scaling"):
-        d = raw.get(key)
-        if d is None:
-            continue
-        if not isinstance(d, dict):
-            counted(key, f"must be an object, found {d!r}")
-            continue
-        if any(isinstance(v, dict) for v in d.values()):
-            bad = [k for k, v in d.items() if k not in LAYER_TYPES or not isinstance(v, dict)]
-            if bad:
-                counted(
-                    key,
-                    f"per-layer-type RoPE takes only {LAYER_TYPES} entries, each an "
-                    f"object; found {bad}",
-                )
-                continue
-            specs = {lt: _spec(v, f"{key}.{lt}.", raw, top_theta, counted) for lt, v in d.items()}
-            missing = sorted({t for t in types if t not in d})
-            if missing:
-                counted(key, f"no entry for {missing} (layer_types uses them)")
-                continue
-            per_key[key] = tuple(specs[t] for t in types)
-        else:
-            per_key[key] = (_spec(d, f"{key}.", raw, top_theta, counted),) * n
-    if (
-        len(per_key) == 2
-        and not n_problems[0]
-        and per_key["rope_parameters"] != per_key["rope_scaling"]
-    ):
-        counted("rope_scaling", "disagrees with rope_parameters (give one, or the same)")
-    if not per_key:
-        if top_theta is None:
-            counted("rope_theta", "missing (looked at top level, rope_parameters, rope_scaling)")
-        per_key["top"] = (RopeSpec("default", top_theta),) * n if top_theta else ()
-    specs = next(iter(per_key.values()))
-    if n_problems[0] or any(s is None for s in specs):
-        return ()
-    return specs

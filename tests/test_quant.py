@@ -477,3 +477,19 @@ def test_decode_bad_buffer_length(decode, fmt: str, per_block: int) -> None:
         decode(good, (4, 33))
     with pytest.raises(QuantizationError, match="uint8"):
         decode(good.astype(np.int16), (2, 64))
+
+
+@pytest.mark.parametrize(
+    "rows, cols", [(-1, 32), (32, -32), (1.5, 32), ("32", 32), (True, 32), (2**40, 32)]
+)
+def test_shapes_are_validated(rows, cols):
+    """Negative, fractional or absurd dimensions are a QuantizationError (no raw error, no
+    negative byte count)."""
+    with pytest.raises(QuantizationError, match="must be an integer"):
+        quant.nbytes("q8_0", rows, cols)
+    with pytest.raises(QuantizationError, match="must be an integer"):
+        quant.decode_q8_0(b"", (rows, cols))
+    with pytest.raises(QuantizationError, match="must be an integer"):
+        quant.decode_q4_0(b"", [rows, cols])
+    with pytest.raises(QuantizationError, match="2-D shape"):
+        quant.decode_q8_0(b"", 32)

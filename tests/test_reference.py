@@ -696,8 +696,8 @@ def test_bad_shapes_raise_shape_error_naming_argument(seed, rng):
     pos = ctx_positions(4, b)
     with pytest.raises(ShapeError, match="taps"):
         d.ctx_features(taps[:, :-1], 4)
-    with pytest.raises(ShapeError, match="taps"):
-        d.forward(taps, noise, pos, 5)
+    with pytest.raises(ShapeError, match="taps"):  # 4 rows of taps for ctx 5
+        d.forward(taps, noise, ctx_positions(5, b), 5)
     with pytest.raises(ShapeError, match="ctx_f"):
         d.forward_block(feats[:3], noise, pos, 4)
     with pytest.raises(ShapeError, match="noise_emb"):

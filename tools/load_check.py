@@ -3,8 +3,11 @@ and (with a CUDA device) the GPU drafter against the reference.
 
     python tools/load_check.py [CKPT_DIR | --preset NAME] [--precision bf16|q8_0|q4_0|mixed|f32]
 
-With no argument it builds the `tiny` synthetic checkpoint in a temp dir and checks that.
-Exit code 0 only when the checkpoint is valid (and, on a GPU, the drafter matches).
+With no argument it builds the `tiny` synthetic checkpoint in a temp dir and checks that (an
+empty argument, e.g. an unset variable, is a usage error). The report goes to stdout; each
+problem goes to stderr on its own line, then a summary line. Exit status: 0 when the checkpoint
+is valid (and, on a GPU, the drafter matches the reference), 1 when it is not, 2 for a usage
+error.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pydflash import Checkpoint, PydflashError, ReferenceDraft, ReferenceKv  # noqa: E402
+from pydflash import (  # noqa: E402
+    Checkpoint,
+    CheckpointError,
+    PydflashError,
+    ReferenceDraft,
+    ReferenceKv,
+)
+from pydflash.errors import problem_lines  # noqa: E402
+from pydflash.jsonio import brief  # noqa: E402
 from pydflash.runtime import cuda_available  # noqa: E402
 from pydflash.testing import TOLERANCE, random_inputs, rel  # noqa: E402
 from pydflash.weights import PRECISIONS, precision_bytes  # noqa: E402
@@ -117,7 +128,7 @@ def reference_check(ckpt_dir: Path, rng: np.random.Generator) -> None:
         f"cached round rel diff {rel(cached, out):.2e} ({time.perf_counter() - t0:.1f} s)"
     )
     if not np.isfinite(out).all():
-        raise SystemExit("reference forward produced non-finite values")
+        raise CheckpointError(f"{ckpt_dir}: the reference forward produced non-finite values")
 
 
 def gpu_check(ckpt_dir: Path, precision: str, ctx: int, rng: np.random.Generator) -> bool:
@@ -171,6 +182,19 @@ def gpu_check(ckpt_dir: Path, precision: str, ctx: int, rng: np.random.Generator
     return ok
 
 
+def shown(path: str | None) -> str:
+    """A path argument for a message: as given, or shortened when absurdly long."""
+    return "checkpoint" if path is None else path if len(path) < 200 else brief(path)
+
+
+def fail(lines: list[str], summary: str) -> int:
+    """Each problem on its own line on stderr, then a summary line; exit status 1."""
+    for line in lines:
+        print(f"load_check: error: {line}", file=sys.stderr)
+    print(f"load_check: {summary}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("ckpt_dir", nargs="?", help="checkpoint directory (default: tiny synthetic)")
@@ -178,33 +202,48 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", nargs="+", default=["bf16"], choices=PRECISIONS)
     ap.add_argument("--ctx", type=int, default=CTX_ROWS, help="ctx rows of the GPU check")
     ap.add_argument("--cpu-only", action="store_true", help="skip the GPU part")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(argv)  # usage errors: a message on stderr and exit status 2
+    if args.ckpt_dir is not None and not args.ckpt_dir.strip():
+        # an unset variable ("$CKPT") must not fall back to the synthetic checkpoint
+        ap.error("ckpt_dir is empty (leave it out to check the synthetic checkpoint)")
+    if args.ckpt_dir is not None and "\0" in args.ckpt_dir:
+        ap.error("ckpt_dir holds a NUL byte")
+    if args.ckpt_dir and args.preset:
+        ap.error("give a checkpoint directory or --preset, not both")
+    if not 1 <= args.ctx <= 1 << 20:
+        ap.error(f"--ctx must be in [1, {1 << 20}], found {args.ctx}")
     rng = np.random.default_rng()
     with tempfile.TemporaryDirectory() as tmp:
-        if args.ckpt_dir and args.preset:
-            ap.error("give a checkpoint directory or --preset, not both")
-        ckpt_dir = (
-            Path(args.ckpt_dir)
-            if args.ckpt_dir
-            else make_checkpoint(Path(tmp) / "ckpt", args.preset or "tiny")
-        )
-        if not args.ckpt_dir:
-            print(f"built        synthetic preset {args.preset or 'tiny'} in {ckpt_dir}")
         try:
+            if args.ckpt_dir is not None:
+                ckpt_dir = Path(args.ckpt_dir)
+            else:
+                ckpt_dir = make_checkpoint(Path(tmp) / "ckpt", args.preset or "tiny")
+                print(f"built        synthetic preset {args.preset or 'tiny'} in {ckpt_dir}")
             ckpt = Checkpoint.open(ckpt_dir)
             describe(ckpt)
             if args.cpu_only or not cuda_available():  # on a GPU, gpu_check holds the reference
                 reference_check(ckpt_dir, rng)
+            if args.cpu_only:
+                return 0
+            if not cuda_available():
+                print("gpu          no CUDA device (or CuPy) here: CPU checks only")
+                return 0
+            failed = [p for p in args.precision if not gpu_check(ckpt_dir, p, args.ctx, rng)]
         except PydflashError as exc:
-            print(f"INVALID: {exc}")
-            return 1
-        if args.cpu_only:
-            return 0
-        if not cuda_available():
-            print("gpu          no CUDA device (or CuPy) here: CPU checks only")
-            return 0
-        results = [gpu_check(ckpt_dir, p, args.ctx, rng) for p in args.precision]
-        return 0 if all(results) else 1
+            lines = problem_lines(exc)
+            return fail(lines, f"{shown(args.ckpt_dir)}: INVALID ({len(lines)} problem(s))")
+        except OSError as exc:  # the temp dir or a file that vanished mid-check
+            return fail([f"{exc.filename or ''}: {exc.strerror or exc}"], "could not complete")
+        if failed:
+            return fail(
+                [
+                    f"{p}: GPU drafter differs from the reference beyond {TOLERANCE[p]:g}"
+                    for p in failed
+                ],
+                f"{ckpt_dir}: FAILED at {', '.join(failed)}",
+            )
+        return 0
 
 
 if __name__ == "__main__":

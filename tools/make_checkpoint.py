@@ -22,6 +22,7 @@ import copy
 import json
 import math
 import pathlib
+import reprlib
 import sys
 import time
 import zlib
@@ -282,6 +283,54 @@ def _generate(seed: int, name: str, shape, kind: str) -> np.ndarray:
 # ----------------------------------------------------------------------------- plan
 
 
+_SIZES = ("hidden", "n_head", "n_kv", "head_dim", "n_ff", "n_layer", "vocab", "block_size")
+MAX_LAYERS = 1024  # plans stay instant (pydflash itself accepts at most 256)
+MAX_TOTAL_BYTES = 1 << 40  # refuse to start writing a terabyte
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_geometry(g: dict) -> None:
+    """Types and ranges of the geometry, so a bad override is a ValueError naming it (not a
+    ZeroDivisionError or TypeError deep in the plan). Values pydflash would refuse but that
+    are well-formed (mask >= vocab, odd head_dim, ...) stay writable, for tests."""
+    for key in _SIZES:
+        if not _is_int(g[key]) or g[key] < 1:
+            raise ValueError(f"{key} must be a positive integer, got {reprlib.repr(g[key])}")
+    if g["n_layer"] > MAX_LAYERS:
+        raise ValueError(f"n_layer must be <= {MAX_LAYERS}, got {g['n_layer']}")
+    for key in ("mask_token_id", "markov_rank"):
+        if not _is_int(g[key]) or g[key] < 0:
+            raise ValueError(f"{key} must be a non-negative integer, got {reprlib.repr(g[key])}")
+    ntl = g.get("num_target_layers")
+    if ntl is not None and (not _is_int(ntl) or ntl < 0):
+        raise ValueError(
+            f"num_target_layers must be None or an integer >= 0, got {reprlib.repr(ntl)}"
+        )
+    taps = g["target_layer_ids"]
+    if (
+        not isinstance(taps, (list, tuple))
+        or not taps
+        or not all(_is_int(t) and t >= 0 for t in taps)
+    ):
+        raise ValueError(
+            f"target_layer_ids must be a non-empty list of integers >= 0, got {reprlib.repr(taps)}"
+        )
+    for key in ("rope_theta", "eps", "max_position_embeddings"):
+        v = g[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            raise ValueError(f"{key} must be a finite number > 0, got {reprlib.repr(v)}")
+    lt, window = g["layer_types"], g["sliding_window"]
+    if lt is not None and (not isinstance(lt, list) or not all(isinstance(t, str) for t in lt)):
+        raise ValueError(f"layer_types must be None or a list of strings, got {reprlib.repr(lt)}")
+    if window is not None and (not _is_int(window) or window < 1):
+        raise ValueError(
+            f"sliding_window must be None or a positive integer, got {reprlib.repr(window)}"
+        )
+
+
 def _resolve_geometry(preset: str, overrides: dict | None) -> dict:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
@@ -291,6 +340,7 @@ def _resolve_geometry(preset: str, overrides: dict | None) -> dict:
     if unknown:
         raise ValueError(f"unknown geometry override(s) {unknown}; known: {sorted(g)}")
     g.update(copy.deepcopy(overrides))
+    _check_geometry(g)
     # n_layer changed but layer_types kept from the preset: repeat the preset's pattern
     lt = g["layer_types"]
     if lt is not None and "layer_types" not in overrides and len(lt) != g["n_layer"]:
@@ -576,9 +626,11 @@ def _write(
         if name not in names and name not in drop:
             entries.append((name, arr.nbytes, (lambda a=arr: a)))
 
-    shards = int(shards)
-    if shards < 1:
-        raise ValueError(f"shards must be >= 1, got {shards}")
+    if not _is_int(shards) or shards < 1:
+        raise ValueError(f"shards must be an integer >= 1, got {shards!r}")
+    total = sum(e[1] for e in entries)
+    if total > MAX_TOTAL_BYTES:
+        raise ValueError(f"the tensors would take {total} bytes (more than {MAX_TOTAL_BYTES})")
     if shards > len(entries):
         raise ValueError(f"shards={shards} exceeds the number of tensors ({len(entries)})")
 
@@ -592,7 +644,6 @@ def _write(
         f.write("\n")
 
     meta = {"format": "pt"}
-    total = sum(e[1] for e in entries)
     if shards == 1:
         tensors = {name: make() for name, _, make in entries}
         save_file(tensors, str(out / "model.safetensors"), metadata=meta)
@@ -693,32 +744,42 @@ def main(argv=None) -> int:
         metavar="KEY=JSON",
         help="geometry override, e.g. n_layer=2 or sliding_window=8 (repeatable)",
     )
-    a = ap.parse_args(argv)
+    a = ap.parse_args(argv)  # usage errors: a message on stderr and exit status 2
+    if not a.out_dir.strip():
+        ap.error("out_dir is empty (an unset variable?)")
+    if "\0" in a.out_dir:
+        ap.error("out_dir holds a NUL byte")
     overrides = {}
     for item in a.override:
         key, sep, val = item.partition("=")
-        if not sep:
+        if not sep or not key:
             ap.error(f"--override needs KEY=VALUE, got {item!r}")
         try:
             overrides[key] = json.loads(val)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON (or an integer past Python's digit limit): a string
             overrides[key] = val
     t0 = time.perf_counter()
-    path, count, total = _write(
-        a.out_dir,
-        a.preset,
-        shards=a.shards,
-        config_style=a.config_style,
-        markov=a.markov,
-        confidence=a.confidence,
-        embed=a.embed,
-        lm_head=a.lm_head,
-        layout=a.layout,
-        head_dim_in_config=not a.no_head_dim,
-        rope_style=a.rope_style,
-        seed=a.seed,
-        overrides=overrides or None,
-    )
+    try:
+        path, count, total = _write(
+            a.out_dir,
+            a.preset,
+            shards=a.shards,
+            config_style=a.config_style,
+            markov=a.markov,
+            confidence=a.confidence,
+            embed=a.embed,
+            lm_head=a.lm_head,
+            layout=a.layout,
+            head_dim_in_config=not a.no_head_dim,
+            rope_style=a.rope_style,
+            seed=a.seed,
+            overrides=overrides or None,
+        )
+    except (ValueError, OSError) as exc:  # a refused argument, or the disk
+        msg = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
+        print(f"make_checkpoint: error: {msg}", file=sys.stderr)
+        print(f"make_checkpoint: {a.out_dir}: checkpoint not written (1 problem)", file=sys.stderr)
+        return 1
     dt = time.perf_counter() - t0
     print(f"{path}: {count} tensors, {total} bytes ({total / 1e9:.3f} GB) in {dt:.2f} s")
     return 0

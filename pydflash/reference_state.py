@@ -1,0 +1,140 @@
+"""The NumPy reference's state and argument checks: ReferenceKv (validated as DflashKv is),
+the weights a ReferenceDraft is built from, and the draft step's arguments. Every rule comes
+from pydflash.checks, shared with the GPU classes, so the reference refuses what they refuse
+with the same error."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import checks
+from .checkpoint import MARKOV_W1, MARKOV_W2, backbone_shapes, head_shapes
+from .config import DflashCfg
+from .errors import CapacityError, ShapeError
+
+
+class ReferenceKv:
+    """Per layer the normed+roped K and raw V of committed ctx rows, plus their positions.
+    Checked as DflashKv is (pydflash.checks): cap, the config, and `len`, which can only be
+    rolled back; a drafter uses it when its layers, kv dims and block size match."""
+
+    def __init__(self, cfg: DflashCfg, cap: int, dtype: type = np.float32) -> None:
+        cap = checks.kv_cap(cap)
+        cfg = checks.kv_cfg(cfg, cap)
+        dt = float_dtype(dtype)
+        self.cfg, self._cap, self._len = cfg, cap, 0
+        shape = (cap, cfg.n_kv, cfg.head_dim)
+        try:
+            self.k: list[np.ndarray] = [np.zeros(shape, dt) for _ in range(cfg.n_layer)]
+            self.v: list[np.ndarray] = [np.zeros(shape, dt) for _ in range(cfg.n_layer)]
+        except MemoryError:
+            raise CapacityError(
+                f"cap {cap}: {2 * cfg.n_layer} x {list(shape)} {dt} arrays do not fit in memory"
+            ) from None
+        self.pos = np.zeros(cap, np.int64)
+
+    @property
+    def cap(self) -> int:
+        return self._cap
+
+    @property
+    def len(self) -> int:
+        return self._len
+
+    @len.setter
+    def len(self, value: int) -> None:
+        """Roll back to `value` committed rows (discarding the rest); never forward."""
+        self._len = checks.kv_len(value, self._len)
+
+    def check_room(self, t: int, what: str) -> None:
+        if self._len + t > self._cap:
+            raise CapacityError(f"{what}: {t} rows at len {self._len} exceed cap {self._cap}")
+
+    def commit(self, t: int) -> None:
+        """The t rows after len were written (ingest_ctx): they become committed."""
+        self.check_room(t, "commit")
+        self._len += t
+
+
+def float_dtype(dtype: object) -> np.dtype:
+    """float32 or float64, the two precisions of the reference."""
+    try:
+        dt = np.dtype(dtype)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        dt = None
+    if dt not in (np.float32, np.float64):
+        raise ShapeError(f"dtype must be float32 or float64, found {dtype!r}")
+    return dt
+
+
+class Weights(dict):
+    """name -> array; a weight the math needs but that was not given names itself."""
+
+    def __missing__(self, name: str) -> np.ndarray:
+        raise ShapeError(f"weights: no {name!r} (this ReferenceDraft was built without it)")
+
+
+def checked_weights(
+    cfg: DflashCfg, weights: Mapping[str, np.ndarray], dtype: np.dtype
+) -> dict[str, np.ndarray]:
+    """The given weights in `dtype`: finite real floats, shaped as the config says for every
+    name the math reads (other names are kept, never read)."""
+    if not isinstance(weights, Mapping):
+        raise ShapeError(
+            f"weights: expected a mapping name -> array, found {type(weights).__name__}"
+        )
+    expected = {**backbone_shapes(cfg), **head_shapes(cfg)}
+    out = {}
+    for name, a in weights.items():
+        label = f"weights[{name!r}]"
+        arr = checks.host_array(a, label)
+        if not checks.is_real_float(arr.dtype):
+            raise ShapeError(f"{label}: expected real floats, found dtype {arr.dtype}")
+        want = expected.get(name)
+        if want is not None and arr.shape != want:
+            raise ShapeError(f"{label}: expected shape {list(want)}, found {list(arr.shape)}")
+        arr = arr.astype(dtype, copy=False)
+        checks.all_finite(arr, label)
+        out[name] = arr
+    return out
+
+
+def draft_args(
+    cfg: DflashCfg,
+    w: Mapping[str, np.ndarray],
+    dtype: np.dtype,
+    hidden: object,
+    lm_head: object,
+    last: object,
+    logit_softcap: object,
+    temperature: object,
+    rng: object,
+) -> tuple[np.ndarray, np.ndarray, int, float | None, float]:
+    """ReferenceDraft.draft's arguments checked as DflashDraft.draft_tokens checks them, plus
+    what the host math needs: finite inputs whose logits (and logits / T) stay finite in
+    `dtype`, since NaN logits argmax or sample garbage."""
+    c = cfg
+    h = checks.host_rows(hidden, "hidden", c.block_size, c.hidden, dtype, finite=True)
+    lm = checks.host_matrix(lm_head, "lm_head", c.hidden, dtype)
+    checks.all_finite(lm, "lm_head")
+    v = lm.shape[0]
+    if c.has_markov and {w[MARKOV_W1].shape[0], w[MARKOV_W2].shape[0]} != {v}:
+        raise ShapeError(
+            f"lm_head: vocabulary {v} != Markov head vocabulary {w[MARKOV_W2].shape[0]}"
+        )
+    token = checks.token(last, "last", v)
+    cap = checks.logit_softcap(logit_softcap)
+    t = checks.temperature(temperature)
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise ShapeError(f"rng: expected a numpy Generator, found {type(rng).__name__}")
+    # |lm_v . h_r| <= max|lm| * sum_j |h_rj|: a cheap bound that no logit overflows
+    bound = float(np.abs(lm).max()) * float(np.abs(h).sum(axis=1).max())
+    if bound / min(t or 1.0, 1.0) > float(np.finfo(dtype).max) / 4:
+        raise ShapeError(
+            f"hidden, lm_head: logits up to {bound:.3g}"
+            + (f" / temperature {t:g}" if 0 < t < 1 else "")
+            + f" would overflow {dtype}"
+        )
+    return h, lm, token, cap, t

@@ -1,0 +1,172 @@
+"""The reference validates as the GPU classes do (issue 13): one set of checks
+(pydflash.checks) for arguments, KV capacity and length, and what the host math needs."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pydflash import ReferenceDraft, ReferenceKv
+from pydflash.checks import host_rows, rows_shape_ok
+from pydflash.errors import CapacityError, ConfigError, ShapeError
+from tools.make_checkpoint import make_checkpoint
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ref")
+    d = ReferenceDraft.load(make_checkpoint(root / "c", "tiny", seed=3))
+    m = ReferenceDraft.load(make_checkpoint(root / "m", "tiny-dspark", seed=4))
+    return d, m
+
+
+def inputs(d, rng, t=3):
+    c = d.cfg
+    feats = rng.standard_normal((t, c.hidden)).astype(np.float32)
+    noise = rng.standard_normal((c.block_size, c.hidden)).astype(np.float32)
+    return feats, noise
+
+
+def test_row_shape_rule():
+    assert rows_shape_ok((3, 64), 3, 64) and rows_shape_ok((192,), 3, 64)
+    assert rows_shape_ok((3, 4, 16), 3, 64) and rows_shape_ok((1, 3, 64), 3, 64)
+    assert not rows_shape_ok((64, 3), 3, 64) and not rows_shape_ok((2, 96), 3, 64)
+    a = np.ones((64, 3))
+    with pytest.raises(ShapeError, match=r"x: expected \[3, 64\].*found shape \[64, 3\]"):
+        host_rows(a, "x", 3, 64, np.float32)
+    for bad in (np.ones((3, 64), bool), np.ones((3, 64), np.complex64), np.ones((3, 64), int)):
+        with pytest.raises(ShapeError, match="real floats"):
+            host_rows(bad, "x", 3, 64, np.float32)
+    with pytest.raises(ShapeError, match="not an array"):
+        host_rows([[1.0], [1.0, 2.0]], "x", 2, 2, np.float32)
+    with pytest.raises(ShapeError, match="overflow"):
+        host_rows(np.full((1, 2), 1e300), "x", 1, 2, np.float32)
+
+
+def test_transposed_and_wrong_dtype_inputs_are_refused(setup):
+    d, _ = setup
+    rng = np.random.default_rng(0)
+    feats, noise = inputs(d, rng)
+    b = d.cfg.block_size
+    with pytest.raises(ShapeError, match="noise_emb"):
+        d.forward_block(feats, noise.T.copy(), np.arange(3 + b), 3)
+    with pytest.raises(ShapeError, match="ctx_f"):
+        d.forward_block(feats.astype(np.complex64), noise, np.arange(3 + b), 3)
+    with pytest.raises(ShapeError, match="t must be a non-negative integer"):
+        d.ctx_features(feats, "3")
+
+
+@pytest.mark.parametrize(
+    "pos, match",
+    [
+        (-1, "values must lie"),
+        (0.5, "integers"),
+        (float("nan"), "integers"),
+        (2**70, "integers"),
+        (2**31, "values must lie"),
+    ],
+)
+def test_positions(setup, pos, match):
+    d, _ = setup
+    feats, noise = inputs(d, np.random.default_rng(1))
+    b = d.cfg.block_size
+    p = [0, 1, pos] + list(range(3, 3 + b))
+    with pytest.raises(ShapeError, match=f"pos: {match}" if "values" in match else match):
+        d.forward_block(feats, noise, p, 3)
+    with pytest.raises(ShapeError, match="pos: expected integers, found dtype bool"):
+        d.forward_block(feats, noise, np.ones(3 + b, bool), 3)
+
+
+def test_kv_capacity_and_len(setup):
+    d, _ = setup
+    for cap in (-1, 2.5, "8", True, None):
+        with pytest.raises(CapacityError, match="cap must be a non-negative integer"):
+            ReferenceKv(d.cfg, cap)
+    with pytest.raises(CapacityError, match="int32 row offsets"):
+        ReferenceKv(d.cfg, 2**31)
+    with pytest.raises(ShapeError, match="cfg: expected a DflashCfg"):
+        ReferenceKv({"hidden": 64}, 4)
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        ReferenceKv(dataclasses.replace(d.cfg, n_layer=10**8), 4)
+    kv = ReferenceKv(d.cfg, 8)
+    feats, _ = inputs(d, np.random.default_rng(2), 5)
+    d.ingest_ctx(kv, feats, np.arange(5), 5)
+    assert kv.len == 5
+    with pytest.raises(CapacityError, match="roll back"):
+        kv.len = 6  # forward would attend to zero rows
+    for bad in (None, 2.0, "3", True):
+        with pytest.raises(ShapeError, match="len must be an integer"):
+            kv.len = bad
+    with pytest.raises(CapacityError, match="roll back"):
+        kv.len = -1
+    kv.len = 2
+    assert kv.len == 2
+    with pytest.raises(AttributeError):
+        kv.cap = 100
+
+
+def test_kv_of_another_config_is_refused_before_any_write(setup):
+    d, _ = setup
+    other = ReferenceKv(dataclasses.replace(d.cfg, n_layer=1, layer_sliding=(False,)), 8)
+    feats, noise = inputs(d, np.random.default_rng(3))
+    before = [a.copy() for a in other.k]
+    with pytest.raises(ShapeError, match="kv: built for 1 layers"):
+        d.ingest_ctx(other, feats, np.arange(3), 3)
+    with pytest.raises(ShapeError, match="kv: built for"):
+        d.forward_round(other, noise, np.arange(d.cfg.block_size))
+    assert other.len == 0 and all(np.array_equal(a, b) for a, b in zip(other.k, before))
+    with pytest.raises(ShapeError, match="kv: expected a ReferenceKv"):
+        d.forward_round(None, noise, np.arange(d.cfg.block_size))
+
+
+def test_draft_arguments(setup):
+    d, m = setup
+    rng = np.random.default_rng(4)
+    c = d.cfg
+    hidden = rng.standard_normal((c.block_size, c.hidden)).astype(np.float32)
+    lm = rng.standard_normal((50, c.hidden)).astype(np.float32)
+    for last, match in (
+        (50, "outside the vocabulary"),
+        (-1, "outside"),
+        ("3", "integer"),
+        (1.5, "integer"),
+        (True, "integer"),
+    ):
+        with pytest.raises(ShapeError, match=f"last: .*{match}"):
+            d.draft(hidden, lm, last)
+    for cap in (0, -1.0, float("nan"), float("inf"), 1e-300, "30", True):
+        with pytest.raises(ShapeError, match="logit_softcap"):
+            d.draft(hidden, lm, 1, logit_softcap=cap)
+    for t in (float("nan"), -0.5, float("inf"), "1", None):
+        with pytest.raises(ShapeError, match="temperature"):
+            d.draft(hidden, lm, 1, temperature=t)
+    nan_hidden = hidden.copy()
+    nan_hidden[2, 5] = np.nan
+    with pytest.raises(ShapeError, match=r"hidden: holds a non-finite value \(first at \[2, 5\]\)"):
+        d.draft(nan_hidden, lm, 1, temperature=0.8)
+    with pytest.raises(ShapeError, match="overflow"):
+        d.draft(hidden * 1e18, lm * 1e18, 1, temperature=0.8)
+    with pytest.raises(ShapeError, match="rng"):
+        d.draft(hidden, lm, 1, temperature=0.8, rng=42)
+    # a Markov head fixes the vocabulary
+    v = m.w["markov_head.markov_w2.weight"].shape[0]
+    mh = rng.standard_normal((m.cfg.block_size, m.cfg.hidden)).astype(np.float32)
+    with pytest.raises(ShapeError, match=f"lm_head: vocabulary 50 != Markov head vocabulary {v}"):
+        m.draft(mh, lm, 1)
+    tokens = m.draft(mh, rng.standard_normal((v, m.cfg.hidden)).astype(np.float32), 1).tokens
+    assert len(tokens) == len(m.cfg.draft_rows())
+
+
+def test_weights_are_checked(setup):
+    d, _ = setup
+    w = dict(d.w)
+    with pytest.raises(ShapeError, match=r"weights\['norm.weight'\]: expected shape"):
+        ReferenceDraft(d.cfg, dict(w, **{"norm.weight": np.ones(3)}))
+    with pytest.raises(ShapeError, match="non-finite"):
+        ReferenceDraft(d.cfg, dict(w, **{"norm.weight": np.full(d.cfg.hidden, np.inf)}))
+    with pytest.raises(ShapeError, match="dtype must be float32 or float64"):
+        ReferenceDraft(d.cfg, w, np.int8)
+    partial = ReferenceDraft(d.cfg, {})
+    feats, _ = inputs(d, np.random.default_rng(5))
+    with pytest.raises(ShapeError, match="weights: no 'fc.weight'"):
+        partial.ctx_features(np.zeros((1, d.cfg.n_taps * d.cfg.hidden), np.float32), 1)

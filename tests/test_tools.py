@@ -1,0 +1,102 @@
+"""The command-line tools facing careless arguments (issue 13): one line per problem on stderr,
+then a summary line; exit status 1 for a bad checkpoint or value, 2 for a usage error; never a
+traceback."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import load_check
+from tools import make_checkpoint as mc
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_main(main, argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse: usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+@pytest.mark.parametrize("arg", ["", "   "])
+def test_load_check_empty_path_is_a_usage_error(arg, capsys):
+    code, out, err = run_main(load_check.main, [arg, "--cpu-only"], capsys)
+    assert code == 2 and "ckpt_dir is empty" in err and not out
+
+
+def test_load_check_problems_one_per_line(tmp_path, capsys):
+    path = mc.make_checkpoint(tmp_path / "c", "tiny")
+    raw = json.loads((path / "config.json").read_text())
+    raw.update(num_hidden_layers=10**8, block_size=2**40, rms_norm_eps=0)
+    (path / "config.json").write_text(json.dumps(raw))
+    code, out, err = run_main(load_check.main, [str(path), "--cpu-only"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 4, err
+    assert all(line.startswith("load_check: error: ") for line in lines[:3])
+    assert {"num_hidden_layers", "block_size", "rms_norm_eps"} <= {
+        line.split(": ")[3] for line in lines[:3]
+    }
+    assert lines[3] == f"load_check: {path}: INVALID (3 problem(s))"
+
+
+@pytest.mark.parametrize("arg", ["/no/such/dir", "x" * 5000, "a\x00b"])
+def test_load_check_bad_paths(arg, capsys):
+    code, _, err = run_main(load_check.main, [arg, "--cpu-only"], capsys)
+    assert code in (1, 2) and err.count("\n") <= 8
+
+
+def test_load_check_valid_checkpoint(tmp_path, capsys):
+    path = mc.make_checkpoint(tmp_path / "c", "tiny")
+    code, out, err = run_main(load_check.main, [str(path), "--cpu-only"], capsys)
+    assert code == 0 and not err and "reference" in out
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("hidden=0", "hidden must be a positive integer"),
+        ("n_layer=100000000", "n_layer must be <="),
+        ("target_layer_ids=[]", "target_layer_ids"),
+        ("eps=-1", "eps must be a finite number"),
+        ("hidden=" + "9" * 5000, "hidden must be a positive integer"),
+        ("nope=1", "unknown geometry override"),
+    ],
+)
+def test_make_checkpoint_bad_values(tmp_path, override, fragment, capsys):
+    out_dir = tmp_path / "c"
+    code, _, err = run_main(mc.main, [str(out_dir), "--override", override], capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 2 and fragment in lines[0], err
+    assert lines[1].startswith("make_checkpoint: ") and not out_dir.exists()
+
+
+@pytest.mark.parametrize("argv", [[""], ["x", "--override", "novalue"], ["x", "--shards", "q"]])
+def test_make_checkpoint_usage_errors(argv, capsys):
+    code, _, err = run_main(mc.main, argv, capsys)
+    assert code == 2 and "error" in err
+
+
+def test_cli_processes_exit_cleanly(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "tools/load_check.py", "", "--cpu-only"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = subprocess.run(
+        [sys.executable, "tools/make_checkpoint.py", str(tmp_path / "c"), "--override", "hidden=0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 2
