@@ -22,20 +22,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class DflashKv:
     def __init__(self, e: Engine, cfg: DflashCfg, cap: int) -> None:
-        if isinstance(cap, (bool, np.bool_)) or not isinstance(cap, (int, np.integer)) or cap < 0:
-            raise CapacityError(f"cap must be a non-negative integer, found {cap!r}")
+        cap = checks.kv_cap(cap)  # the checks ReferenceKv makes too
         checks.require_runtime(e)
-        if not isinstance(cfg, DflashCfg):
-            raise ShapeError(f"cfg: expected a DflashCfg, found {type(cfg).__name__}")
-        if cap + cfg.block_size > checks.INT32_MAX // max(1, cfg.kv_dim):
-            raise CapacityError(
-                f"cap {cap}: {cap + cfg.block_size} rows of {cfg.kv_dim} "
-                f"values exceed the int32 row offsets of the kernels"
-            )
-        self.cfg, self._cap, self._len = cfg, int(cap), 0
+        cfg = checks.kv_cfg(cfg, cap)
+        self.cfg, self._cap, self._len = cfg, cap, 0
         self.device, self.stream_ptr = e.ordinal, e.stream.ptr
         rows = self._cap + cfg.block_size
-        with e.ordered():
+        need = 8 * rows * cfg.kv_dim * cfg.n_layer + 4 * rows
+        with e.allocating(need, f"DflashKv of cap {cap}"), e.ordered():
             self.k = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
             self.v = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
             self.pos = e.zeros(rows, np.int32)
@@ -58,11 +52,7 @@ class DflashKv:
     @len.setter
     def len(self, value: int) -> None:
         """Roll back to `value` committed rows (discarding the rest); never forward."""
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise ShapeError(f"len must be an integer, found {value!r}")
-        if not 0 <= value <= self._len:
-            raise CapacityError(f"len can only roll back: {value} not in [0, {self._len}]")
-        self._len = int(value)
+        self._len = checks.kv_len(value, self._len)
 
     def check_room(self, t: int, what: str) -> None:
         if self._len + t > self._cap:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -172,6 +173,35 @@ class Runtime:
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> cp.ndarray:
         with self.device:
             return cp.empty(shape, dtype=dtype)
+
+    def free_bytes(self) -> int:
+        """Device bytes an allocation may still get: free on the device plus what CuPy's pool
+        holds unused (and no more than the pool's limit allows)."""
+        pool = cp.get_default_memory_pool()
+        with self.device:
+            free = cp.cuda.runtime.memGetInfo()[0] + pool.free_bytes()
+            limit = pool.get_limit()
+        return min(free, limit - pool.used_bytes()) if limit else free
+
+    @contextlib.contextmanager
+    def allocating(self, nbytes: int, what: str) -> Iterator[None]:
+        """Allocations for `what` (about nbytes): refused up front with a DeviceError when the
+        device cannot hold them, and a CuPy out-of-memory error inside becomes one too, after
+        the partial buffers are released (nothing leaks)."""
+        free = self.free_bytes()
+        if nbytes > free:
+            raise DeviceError(
+                f"{what}: needs {nbytes / 2**30:.2f} GiB of device memory, "
+                f"{free / 2**30:.2f} GiB free on {self.name}"
+            )
+        failed = ""
+        try:
+            yield
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            traceback.clear_frames(exc.__traceback__)  # the partial buffers die with them
+            failed = str(exc)
+        if failed:
+            raise DeviceError(f"{what}: out of device memory ({failed})")
 
     def upload(self, a: np.ndarray) -> cp.ndarray:
         """A new device array holding host array `a`, queued on the current stream."""

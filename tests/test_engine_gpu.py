@@ -368,8 +368,11 @@ def test_bad_arguments_raise_before_launch(engine, rng):
 
     e = engine
     w = GpuTensor.from_host(e, rng.standard_normal((32, 64)).astype(np.float32), "bf16")
-    with pytest.raises(ShapeError, match="x: expected 3x64"):
+    with pytest.raises(ShapeError, match=r"x: expected \[3, 64\]"):
         e.matmul(w, e.htod(np.ones((3, 65), np.float32)), 3)
+    # the right size transposed is refused, not reshaped (the shape rule of pydflash.checks)
+    with pytest.raises(ShapeError, match=r"x: expected \[3, 64\].*found shape \[64, 3\]"):
+        e.matmul(w, e.htod(np.ones((64, 3), np.float32)), 3)
     with pytest.raises(ShapeError, match="dtype must be float32"):
         e.matmul(w, e.htod(np.ones((3, 64), np.float64)), 3)
     with pytest.raises(ShapeError, match="host numpy array"):

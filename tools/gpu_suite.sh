@@ -1,45 +1,55 @@
 #!/usr/bin/env bash
-# The whole test suite (CPU + GPU, then the scale tier), load_check of every preset and the
-# benchmarks, in one call on the device machine, from the repository root:
-#   PYTHONPATH=. bash tools/gpu_suite.sh [--quick]
-# --quick: tests and load_check only (no scale tier, no benchmarks).
-# Logs go to $OUT (or ./gpu_logs); the summary lines print last.
+# The whole GPU suite and the benchmarks, from the repository root on the device machine:
+#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|checks|all|kernels]      (default: all)
+# tests:  the test suite (CPU + GPU) and its scale tier (-m scale: public geometries at ctx 4096,
+#         the whole geometry sweep)
+# checks: load_check of every public preset (bf16 and q8_0, ctx 4096), the soak, bench_round
+# kernels: bench_kernels (per-kernel timings)
+# (two parts so each fits one 10-minute device call). Logs go to $OUT (or ./gpu_logs); the
+# summary lines print last.
 set -uo pipefail
 OUT=${OUT:-gpu_logs}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 CKPT=${PYDFLASH_CKPT_CACHE:-/tmp/pydflash_ckpt}
 export PYDFLASH_CKPT_CACHE=$CKPT
-QUICK=${1:-}
+PART=${1:-all}
 status=0
 run() {  # run NAME CMD...: tee the output to $OUT/NAME.log, remember a failure
   local name=$1; shift
   echo "== $*" | tee "$OUT/$name.log"
-  "$@" 2>&1 | tee -a "$OUT/$name.log" || status=1
+  "$@" >> "$OUT/$name.log" 2>&1 || { status=1; echo "FAILED: $name" | tee -a "$OUT/failed.log"; }
 }
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.log"
-python3 -c "import cupy, numpy; from cupy_backends.cuda.libs import nvrtc; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'nvrtc', nvrtc.getVersion())" | tee -a "$OUT/device.log"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/device.log"
+python3 -c "import cupy, numpy; from cupy_backends.cuda.libs import nvrtc; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'nvrtc', nvrtc.getVersion())" >> "$OUT/device.log"
 
-PRESETS="qwen3-8b-b16 gemma4-31b gpt-oss-20b-b8 qwen3-4b-b16 dspark-qwen3-8b-b7 tiny tiny-swa tiny-dspark"
+PRESETS="qwen3-8b-b16 gemma4-31b gpt-oss-20b-b8 qwen3-4b-b16 qwen3.6-27b dspark-qwen3-8b-b7 dspark-qwen3-4b-b7 tiny tiny-swa tiny-dspark"
+PUBLIC="qwen3-8b-b16 gemma4-31b gpt-oss-20b-b8 qwen3-4b-b16 qwen3.6-27b dspark-qwen3-8b-b7 dspark-qwen3-4b-b7"
 for p in $PRESETS; do   # each preset written once, shared by the tests and load_check
   [ -f "$CKPT/$p/config.json" ] || python3 tools/make_checkpoint.py "$CKPT/$p" --preset "$p" --seed 1 >> "$OUT/make_checkpoint.log" 2>&1
 done
 
-run tests python3 -m pytest -q -rs tests
-[ "$QUICK" = --quick ] || run scale python3 -m pytest -q -rs -m scale -v tests
-for p in $PRESETS; do
-  run "load_check_$p" python3 tools/load_check.py "$CKPT/$p" --precision bf16 q8_0 --ctx 4096
-done
-if [ "$QUICK" != --quick ]; then
-  run bench_qwen python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 4096
-  run bench_gemma python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 4096
+if [ "$PART" = tests ] || [ "$PART" = all ]; then
+  run tests python3 -m pytest -q -rs -p no:cacheprovider tests --deselect tests/test_kernels_compile.py
+  run scale python3 -m pytest -q -rA -m scale -p no:cacheprovider tests
+fi
+if [ "$PART" = checks ] || [ "$PART" = all ]; then
+  for p in $PUBLIC; do   # (the tiny presets run in the test suite)
+    run "load_check_$p" python3 tools/load_check.py "$CKPT/$p" --precision bf16 q8_0 --ctx 4096
+  done
+  run soak python3 tools/soak.py --preset tiny --rounds 100000 --window 20000
+  run bench_qwen python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --propose
+  run bench_gemma python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 --ctx 4096
+fi
+if [ "$PART" = kernels ]; then
   run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0
 fi
 
-echo "== summary"
-tail -n 1 "$OUT/tests.log"
-[ -f "$OUT/scale.log" ] && tail -n 1 "$OUT/scale.log"
-grep -h -E "^SCALE|PASSED|FAILED" "$OUT/scale.log" 2>/dev/null | grep -E "FAILED" | head -20
-grep -h -E "gpu vs ref|gpu timing|loaded|INVALID" "$OUT"/load_check_*.log
-grep -h -E "forward_round|ingest|draft_tokens|ordering" "$OUT"/bench_*.log 2>/dev/null
+echo "== summary ($PART)"
+for f in tests scale; do [ -f "$OUT/$f.log" ] && echo "$f: $(tail -n 1 "$OUT/$f.log")"; done
+[ -f "$OUT/scale.log" ] && grep -h -E "^SCALE" "$OUT/scale.log" | cut -c1-200 | head -20
+[ -f "$OUT/failed.log" ] && cat "$OUT/failed.log"
+grep -h -E "gpu vs ref|gpu timing|INVALID|Error" "$OUT"/load_check_*.log 2>/dev/null | cut -c1-220
+grep -h -E "^soak" "$OUT/soak.log" 2>/dev/null
+grep -h -E "forward_round|ingest|draft_tokens|propose|ordering" "$OUT"/bench_*.log 2>/dev/null
 exit $status
