@@ -49,8 +49,7 @@ __device__ __forceinline__ void attn_partial_impl(
     const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
     const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
     int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0, float scale, int stages,
-    float* __restrict__ o_part,
-    float* __restrict__ ml_part) {
+    float* __restrict__ o_part, float* __restrict__ ml_part) {
     // keys = n_keys (+ *n_keys_base: the DflashKv length, read on the device so a captured
     // graph stays valid as it grows), cut into min(n_splits, tiles) splits of whole tiles. The
     // cut depends on the key count only, never on the grid, so every path that sees the same
@@ -63,12 +62,12 @@ __device__ __forceinline__ void attn_partial_impl(
     constexpr int RP = 16 * RPT;
     const int G = n_head / n_kv, R = G * n_q;
     const int kvh = blockIdx.x, split = blockIdx.y;
-    const int hs = hd + 4;                       // padded row stride (floats) of Q, K, V tiles
-    float* Qs = smem;                            // [RP][hs]
-    float* Kbuf = Qs + RP * hs;                  // [stages][ATT_T][hs]
-    float* Vbuf = Kbuf + stages * ATT_T * hs;    // [stages][ATT_T][hs]
-    float* Ps = Vbuf + stages * ATT_T * hs;      // [ATT_T][RP]
-    float* alpha_s = Ps + ATT_T * RP;            // [RP]
+    const int hs = hd + 4;                     // padded row stride (floats) of Q, K, V tiles
+    float* Qs = smem;                          // [RP][hs]
+    float* Kbuf = Qs + RP * hs;                // [stages][ATT_T][hs]
+    float* Vbuf = Kbuf + stages * ATT_T * hs;  // [stages][ATT_T][hs]
+    float* Ps = Vbuf + stages * ATT_T * hs;    // [ATT_T][RP]
+    float* alpha_s = Ps + ATT_T * RP;          // [RP]
     int* kpos_buf = reinterpret_cast<int*>(alpha_s + RP);  // [stages][ATT_T]
     const int tid = threadIdx.x;
     const int hd4 = hd >> 2;
@@ -79,7 +78,8 @@ __device__ __forceinline__ void attn_partial_impl(
         const int r = idx / hd4, c = idx % hd4;
         const bool ok = r < R;
         const int gq = ok ? r / n_q : 0, i = ok ? r % n_q : 0;
-        cp_async16(Qs + r * hs + 4 * c, q + (long long)i * ldq + (long long)(kvh * G + gq) * hd + 4 * c, ok);
+        cp_async16(Qs + r * hs + 4 * c,
+                   q + (long long)i * ldq + (long long)(kvh * G + gq) * hd + 4 * c, ok);
     }
 
     const int tr = tid >> 4, tc = tid & 15;
@@ -90,13 +90,16 @@ __device__ __forceinline__ void attn_partial_impl(
         my_qpos[i] = r < R ? qpos[r % n_q] : 0;
         my_qrow[i] = q_row0 + (r < R ? r % n_q : 0);
     }
-    const int first_block_key = n_keys - causal_rows;   // causal: the block rows' keys
+    const int first_block_key = n_keys - causal_rows;  // causal: the block rows' keys
     float m_run[RPT], l_run[RPT];
 #pragma unroll
-    for (int i = 0; i < RPT; ++i) { m_run[i] = neg_inf(); l_run[i] = 0.f; }
+    for (int i = 0; i < RPT; ++i) {
+        m_run[i] = neg_inf();
+        l_run[i] = 0.f;
+    }
 
     const int cg = tid % hd4, rg = tid / hd4;
-    const int r0 = rg * ORPT;                    // this thread's first P.V row
+    const int r0 = rg * ORPT;  // this thread's first P.V row
     const bool pv_active = r0 < RP;
     float4 acc[ORPT];
 #pragma unroll
@@ -110,7 +113,8 @@ __device__ __forceinline__ void attn_partial_impl(
             const int j = idx / hd4, c = idx % hd4;
             const int key = kt + j;
             const bool ok = key < k_end;
-            const long long off = (long long)(ok ? key : k_begin) * ldkv + (long long)kvh * hd + 4 * c;
+            const long long off =
+                (long long)(ok ? key : k_begin) * ldkv + (long long)kvh * hd + 4 * c;
             cp_async16(Kd + j * hs + 4 * c, K + off, ok);
             cp_async16(Vd + j * hs + 4 * c, V + off, ok);
         }
@@ -125,8 +129,10 @@ __device__ __forceinline__ void attn_partial_impl(
     for (int kt = k_begin; kt < k_end; kt += ATT_T, buf = stages == 2 ? buf ^ 1 : 0) {
         if (stages == 2) {
             // the other buffer was released by the barrier that ended the previous tile
-            if (kt + ATT_T < k_end) load_tile(kt + ATT_T, buf ^ 1);
-            else cp_async_commit();            // keep one group per tile for the wait below
+            if (kt + ATT_T < k_end)
+                load_tile(kt + ATT_T, buf ^ 1);
+            else
+                cp_async_commit();  // keep one group per tile for the wait below
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -152,8 +158,9 @@ __device__ __forceinline__ void attn_partial_impl(
                 const float4 qv = *reinterpret_cast<const float4*>(Qs + (tr * RPT + i) * hs + d);
 #pragma unroll
                 for (int c = 0; c < 4; ++c)
-                    s[i][c] = fmaf(qv.x, kk[c].x, fmaf(qv.y, kk[c].y,
-                              fmaf(qv.z, kk[c].z, fmaf(qv.w, kk[c].w, s[i][c]))));
+                    s[i][c] = fmaf(
+                        qv.x, kk[c].x,
+                        fmaf(qv.y, kk[c].y, fmaf(qv.z, kk[c].z, fmaf(qv.w, kk[c].w, s[i][c]))));
             }
         }
         // mask, online softmax (the 16 threads of a row group are lanes of one half-warp)
@@ -195,7 +202,10 @@ __device__ __forceinline__ void attn_partial_impl(
 #pragma unroll
             for (int k = 0; k < ORPT; ++k) {
                 const float a = alpha_s[r0 + k];
-                acc[k].x *= a; acc[k].y *= a; acc[k].z *= a; acc[k].w *= a;
+                acc[k].x *= a;
+                acc[k].y *= a;
+                acc[k].z *= a;
+                acc[k].w *= a;
             }
             for (int j = 0; j < ATT_T; ++j) {
                 const float4 v = reinterpret_cast<const float4*>(Vs + j * hs)[cg];
@@ -204,7 +214,10 @@ __device__ __forceinline__ void attn_partial_impl(
 #pragma unroll
                     for (int k = 0; k < ORPT; k += 4) {
                         const float4 p4 = *reinterpret_cast<const float4*>(Ps + j * RP + r0 + k);
-                        p[k] = p4.x; p[k + 1] = p4.y; p[k + 2] = p4.z; p[k + 3] = p4.w;
+                        p[k] = p4.x;
+                        p[k + 1] = p4.y;
+                        p[k + 2] = p4.z;
+                        p[k + 3] = p4.w;
                     }
                 } else {
 #pragma unroll
@@ -223,7 +236,7 @@ __device__ __forceinline__ void attn_partial_impl(
         if (stages == 1 && kt + ATT_T < k_end) load_tile(kt + ATT_T, 0);
     }
 
-    cp_async_wait<0>();   // nothing may stay in flight at exit (an empty split issued Q only)
+    cp_async_wait<0>();  // nothing may stay in flight at exit (an empty split issued Q only)
 
     // Partial results: o_part [split][n_head][n_q][hd], ml_part [split][n_head][n_q][2].
     const long long split_rows = (long long)n_head * n_q;
@@ -233,7 +246,8 @@ __device__ __forceinline__ void attn_partial_impl(
             const int r = r0 + k;
             if (r < R) {
                 const int gq = r / n_q, i = r % n_q;
-                const long long row = (long long)split * split_rows + (long long)(kvh * G + gq) * n_q + i;
+                const long long row =
+                    (long long)split * split_rows + (long long)(kvh * G + gq) * n_q + i;
                 reinterpret_cast<float4*>(o_part + row * hd)[cg] = acc[k];
             }
         }
@@ -244,7 +258,8 @@ __device__ __forceinline__ void attn_partial_impl(
             const int r = tr * RPT + i;
             if (r < R) {
                 const int gq = r / n_q, qi = r % n_q;
-                const long long row = (long long)split * split_rows + (long long)(kvh * G + gq) * n_q + qi;
+                const long long row =
+                    (long long)split * split_rows + (long long)(kvh * G + gq) * n_q + qi;
                 ml_part[row * 2] = m_run[i];
                 ml_part[row * 2 + 1] = l_run[i];
             }
@@ -252,53 +267,54 @@ __device__ __forceinline__ void attn_partial_impl(
     }
 }
 
-#define ATT_ENTRY(RPT, ORPT)                                                                    \
+#define ATT_ENTRY(RPT, ORPT)                                                                   \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_partial_r##RPT##_o##ORPT(   \
         const float* q, long long ldq, const float* K, const float* V, long long ldkv,         \
         const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base,         \
         int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0,   \
         float scale, int stages, float* o_part, float* ml_part) {                              \
-        attn_partial_impl<RPT, ORPT>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base,  \
-                                     n_splits, n_head, n_kv, hd, window, causal_rows, q_row0,   \
-                                     scale, stages, o_part, ml_part);                           \
+        attn_partial_impl<RPT, ORPT>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base, \
+                                     n_splits, n_head, n_kv, hd, window, causal_rows, q_row0,  \
+                                     scale, stages, o_part, ml_part);                          \
     }
 // ORPT = max(1, 16*RPT*hd/1024) for hd in 16..256
-ATT_ENTRY(1, 1) ATT_ENTRY(1, 2) ATT_ENTRY(1, 4)
-ATT_ENTRY(2, 1) ATT_ENTRY(2, 2) ATT_ENTRY(2, 4) ATT_ENTRY(2, 8)
-ATT_ENTRY(4, 1) ATT_ENTRY(4, 2) ATT_ENTRY(4, 4) ATT_ENTRY(4, 8) ATT_ENTRY(4, 16)
-ATT_ENTRY(8, 1) ATT_ENTRY(8, 2) ATT_ENTRY(8, 4) ATT_ENTRY(8, 8) ATT_ENTRY(8, 16) ATT_ENTRY(8, 32)
+ATT_ENTRY(1, 1)
+ATT_ENTRY(1, 2) ATT_ENTRY(1, 4) ATT_ENTRY(2, 1) ATT_ENTRY(2, 2) ATT_ENTRY(2, 4) ATT_ENTRY(2, 8)
+    ATT_ENTRY(4, 1) ATT_ENTRY(4, 2) ATT_ENTRY(4, 4) ATT_ENTRY(4, 8) ATT_ENTRY(4, 16) ATT_ENTRY(8, 1)
+        ATT_ENTRY(8, 2) ATT_ENTRY(8, 4) ATT_ENTRY(8, 8) ATT_ENTRY(8, 16) ATT_ENTRY(8, 32)
 
-// attn_partial_tc: the same partials on the tensor cores (drafter precisions other than f32).
-// Warp w owns the 16 query rows 16w.. (W = RP/16 warps). Q lives in registers as bf16 hi/lo
-// A fragments; each K/V tile arrives in f32 by cp.async, is split once into bf16 hi/lo (K
-// row-major, V transposed) and the next tile's copies start while this one is computed.
-// S = Q K^T and O += P V take three MMAs per product (hi.hi + hi.lo + lo.hi): ~16-bit inputs,
-// f32 accumulation. The softmax runs on the S accumulators, whose layout is the A layout of P.
-// Tiles of ATT_TC_T = 32 keys keep the block at ~72 KB of shared memory: three blocks per SM.
-template <int HD, int W>
-__device__ __forceinline__ void attn_partial_tc_impl(
-    const float* __restrict__ q, long long ldq, const float* __restrict__ K,
-    const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
-    const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
-    int n_head, int n_kv, int window, int causal_rows, int q_row0, float scale,
-    float* __restrict__ o_part,
-    float* __restrict__ ml_part) {
-    constexpr int TT = ATT_TC_T;                // keys per tile
-    constexpr int KS = HD / 16;                 // k-steps of S over the head dim
-    constexpr int NS = TT / 8;               // n-tiles of S over the keys
-    constexpr int ND = HD / 8;                  // n-tiles of O over the head dim
-    constexpr int FS = HD + 4;                  // f32 tile row stride (floats)
-    constexpr int BS = HD + 8;                  // bf16 K row stride (elements)
-    constexpr int VS = TT + 8;               // bf16 V^T row stride (elements)
+    // attn_partial_tc: the same partials on the tensor cores (drafter precisions other than f32).
+    // Warp w owns the 16 query rows 16w.. (W = RP/16 warps). Q lives in registers as bf16 hi/lo
+    // A fragments; each K/V tile arrives in f32 by cp.async, is split once into bf16 hi/lo (K
+    // row-major, V transposed) and the next tile's copies start while this one is computed.
+    // S = Q K^T and O += P V take three MMAs per product (hi.hi + hi.lo + lo.hi): ~16-bit inputs,
+    // f32 accumulation. The softmax runs on the S accumulators, whose layout is the A layout of P.
+    // Tiles of ATT_TC_T = 32 keys keep the block at ~72 KB of shared memory: three blocks per SM.
+    template <int HD, int W>
+    __device__ __forceinline__
+    void attn_partial_tc_impl(const float* __restrict__ q, long long ldq,
+                              const float* __restrict__ K, const float* __restrict__ V,
+                              long long ldkv, const int* __restrict__ qpos,
+                              const int* __restrict__ kpos, int n_q, int n_keys,
+                              const int* n_keys_base, int n_splits, int n_head, int n_kv,
+                              int window, int causal_rows, int q_row0, float scale,
+                              float* __restrict__ o_part, float* __restrict__ ml_part) {
+    constexpr int TT = ATT_TC_T;  // keys per tile
+    constexpr int KS = HD / 16;   // k-steps of S over the head dim
+    constexpr int NS = TT / 8;    // n-tiles of S over the keys
+    constexpr int ND = HD / 8;    // n-tiles of O over the head dim
+    constexpr int FS = HD + 4;    // f32 tile row stride (floats)
+    constexpr int BS = HD + 8;    // bf16 K row stride (elements)
+    constexpr int VS = TT + 8;    // bf16 V^T row stride (elements)
     extern __shared__ float4 smem4[];
-    float* Kf = reinterpret_cast<float*>(smem4);            // [TT][FS]
-    float* Vf = Kf + TT * FS;                            // [TT][FS]
+    float* Kf = reinterpret_cast<float*>(smem4);                            // [TT][FS]
+    float* Vf = Kf + TT * FS;                                               // [TT][FS]
     unsigned short* Khi = reinterpret_cast<unsigned short*>(Vf + TT * FS);  // [TT][BS]
     unsigned short* Klo = Khi + TT * BS;
-    unsigned short* Vhi = Klo + TT * BS;                 // [HD][VS]
+    unsigned short* Vhi = Klo + TT * BS;  // [HD][VS]
     unsigned short* Vlo = Vhi + HD * VS;
-    int* kpos_f = reinterpret_cast<int*>(Vlo + HD * VS);    // [TT] (arriving)
-    int* kpos_s = kpos_f + TT;                           // [TT] (current)
+    int* kpos_f = reinterpret_cast<int*>(Vlo + HD * VS);  // [TT] (arriving)
+    int* kpos_s = kpos_f + TT;                            // [TT] (current)
 
     if (n_keys_base != nullptr) n_keys += *n_keys_base;
     int k_begin, k_end;
@@ -313,7 +329,8 @@ __device__ __forceinline__ void attn_partial_tc_impl(
             const int j = idx / (HD / 4), c = idx % (HD / 4);
             const int key = kt + j;
             const bool ok = key < k_end;
-            const long long off = (long long)(ok ? key : k_begin) * ldkv + (long long)kvh * HD + 4 * c;
+            const long long off =
+                (long long)(ok ? key : k_begin) * ldkv + (long long)kvh * HD + 4 * c;
             cp_async16(Kf + j * FS + 4 * c, K + off, ok);
             cp_async16(Vf + j * FS + 4 * c, V + off, ok);
         }
@@ -328,7 +345,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
     // this warp's query rows: rg = 16*warp + g and rg + 8
     int qp[2], qidx[2];
     bool row_ok[2];
-    const int first_block_key = n_keys - causal_rows;   // causal: the block rows' keys
+    const int first_block_key = n_keys - causal_rows;  // causal: the block rows' keys
     const float* qrow[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -343,7 +360,8 @@ __device__ __forceinline__ void attn_partial_tc_impl(
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
 #pragma unroll
-        for (int part = 0; part < 4; ++part) {  // a0a1: (g, 2t) a2a3: (g+8, 2t) a4a5: (g, 2t+8) a6a7
+        for (int part = 0; part < 4;
+             ++part) {  // a0a1: (g, 2t) a2a3: (g+8, 2t) a4a5: (g, 2t+8) a6a7
             const int h = part & 1, col = 16 * s + 2 * t + 8 * (part >> 1);
             float2 v = make_float2(0.f, 0.f);
             if (row_ok[h]) v = *reinterpret_cast<const float2*>(qrow[h] + col);
@@ -357,7 +375,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
 
     for (int kt = k_begin; kt < k_end; kt += TT) {
         cp_async_wait<0>();
-        __syncthreads();   // f32 tile landed; the previous tile's bf16 buffers are free
+        __syncthreads();  // f32 tile landed; the previous tile's bf16 buffers are free
         // split the tile once: K -> Khi/Klo [key][d], V -> Vhi/Vlo [d][key], positions
         for (int idx = tid; idx < TT * (HD / 2); idx += 32 * W) {
             const int j = idx / (HD / 2), d = 2 * (idx % (HD / 2));
@@ -375,7 +393,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
             *reinterpret_cast<unsigned*>(Vlo + d * VS + j) = lo;
         }
         for (int j = tid; j < TT; j += 32 * W) kpos_s[j] = kpos_f[j];
-        __syncthreads();   // bf16 tile ready; the f32 buffers may take the next tile
+        __syncthreads();  // bf16 tile ready; the f32 buffers may take the next tile
         if (kt + TT < k_end) load_tile(kt + TT);
 
         // S = Q K^T: NS n-tiles of 8 keys
@@ -386,7 +404,8 @@ __device__ __forceinline__ void attn_partial_tc_impl(
         for (int s = 0; s < KS; ++s) {
 #pragma unroll
             for (int j = 0; j < NS; ++j) {
-                mma_split3(sacc[j], qa_hi[s], qa_lo[s], Khi, Klo, (8 * j + g) * BS + 16 * s + 2 * t);
+                mma_split3(sacc[j], qa_hi[s], qa_lo[s], Khi, Klo,
+                           (8 * j + g) * BS + 16 * s + 2 * t);
             }
         }
         // mask + online softmax; c0,c1 -> row g, keys 8j+2t, +1; c2,c3 -> row g+8
@@ -426,8 +445,10 @@ __device__ __forceinline__ void attn_partial_tc_impl(
         for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + rs[h];  // per-thread part
 #pragma unroll
         for (int n = 0; n < ND; ++n) {
-            o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
         }
         // O += P V: k-steps of 16 keys; P's A fragment = S accumulators of n-tiles 2s, 2s+1
 #pragma unroll
@@ -468,16 +489,17 @@ __device__ __forceinline__ void attn_partial_tc_impl(
 }
 
 #define ATT_TC_ENTRY(HD, W)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * W) attn_partial_tc_h##HD##_w##W(         \
-        const float* q, long long ldq, const float* K, const float* V, long long ldkv,         \
-        const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base,         \
-        int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0,   \
-        float scale, int stages, float* o_part, float* ml_part) {                              \
+    extern "C" __global__ void __launch_bounds__(32 * W) attn_partial_tc_h##HD##_w##W(          \
+        const float* q, long long ldq, const float* K, const float* V, long long ldkv,          \
+        const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base,          \
+        int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0,    \
+        float scale, int stages, float* o_part, float* ml_part) {                               \
         attn_partial_tc_impl<HD, W>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base,   \
                                     n_splits, n_head, n_kv, window, causal_rows, q_row0, scale, \
                                     o_part, ml_part);                                           \
     }
-#define ATT_TC_ENTRIES(HD) ATT_TC_ENTRY(HD, 1) ATT_TC_ENTRY(HD, 2) ATT_TC_ENTRY(HD, 4) ATT_TC_ENTRY(HD, 8)
+#define ATT_TC_ENTRIES(HD) \
+    ATT_TC_ENTRY(HD, 1) ATT_TC_ENTRY(HD, 2) ATT_TC_ENTRY(HD, 4) ATT_TC_ENTRY(HD, 8)
 ATT_TC_ENTRIES(16)
 ATT_TC_ENTRIES(32)
 ATT_TC_ENTRIES(64)

@@ -5,7 +5,8 @@
 // declares them); each .cu checks with PYDFLASH_REQUIRE that they were given.
 #pragma once
 
-#define PYDFLASH_REQUIRE(name) static_assert(name > 0, #name " must come from pydflash (-D" #name ")")
+#define PYDFLASH_REQUIRE(name) \
+    static_assert(name > 0, #name " must come from pydflash (-D" #name ")")
 
 typedef unsigned short bf16_bits;
 typedef unsigned short f16_bits;
@@ -82,7 +83,6 @@ __device__ __forceinline__ void split4(float4 v, unsigned (&hi)[2], unsigned (&l
     lo[1] = pack_bf16x2(r2, r3);
 }
 
-
 // Asynchronous global -> shared copies (sm_80+): `valid` false zero-fills the destination.
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool valid) {
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
@@ -96,7 +96,9 @@ __device__ __forceinline__ void cp_async4(void* smem_dst, const void* src, bool 
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // The [begin, end) range of split `split` when `n` items, in units of `unit`, are cut into at
 // most `n_splits` ranges of whole units. The cut depends on n only (never on the grid), so

@@ -33,15 +33,16 @@ extern "C" __global__ void gather_rows_bf16(const bf16_bits* table, long long ld
     for (long long i = gtid(); i < (long long)n_ids * cols; i += gstride()) {
         const long long r = i / cols, c = i % cols;
         const int id = ids[r];
-        out[r * ldo + c] = (id >= 0 && id < n_rows_table) ? bf16_to_f32(table[(long long)id * ld + c])
-                                                          : __int_as_float(0x7fc00000);
+        out[r * ldo + c] = (id >= 0 && id < n_rows_table)
+                               ? bf16_to_f32(table[(long long)id * ld + c])
+                               : __int_as_float(0x7fc00000);
     }
 }
 
 // Same for an f32 table.
-extern "C" __global__ void gather_rows_f32(const float* table, long long ld,
-                                           long long n_rows_table, const int* ids, float* out,
-                                           long long ldo, int n_ids, long long cols) {
+extern "C" __global__ void gather_rows_f32(const float* table, long long ld, long long n_rows_table,
+                                           const int* ids, float* out, long long ldo, int n_ids,
+                                           long long cols) {
     for (long long i = gtid(); i < (long long)n_ids * cols; i += gstride()) {
         const long long r = i / cols, c = i % cols;
         const int id = ids[r];
@@ -97,8 +98,8 @@ extern "C" __global__ void block_embed_bf16(const bf16_bits* table, long long ld
     block_embed<bf16_bits>(table, ld, n_rows_table, last, mask_id, scale, out, b, cols);
 }
 
-extern "C" __global__ void block_embed_f32(const float* table, long long ld,
-                                           long long n_rows_table, const int* last, int mask_id,
-                                           const float* scale, float* out, int b, long long cols) {
+extern "C" __global__ void block_embed_f32(const float* table, long long ld, long long n_rows_table,
+                                           const int* last, int mask_id, const float* scale,
+                                           float* out, int b, long long cols) {
     block_embed<float>(table, ld, n_rows_table, last, mask_id, scale, out, b, cols);
 }

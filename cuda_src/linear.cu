@@ -48,12 +48,12 @@ static_assert(LIN_F32_WARPS == 8, "linear_f32 blocks own one 16-row tile");
 
 // The SAMPLE epilogue's extra arguments (all null / 0 for the other epilogues).
 struct SampleArgs {
-    float* part;            // [row blocks, M] x 4 floats, or null: store only
-    int* part_idx;          // [row blocks, M]
-    const float* params;    // [0] = T (<= 0: greedy), [1] = soft-cap (<= 0: none)
-    const unsigned* rng;    // seed lo, seed hi, offset lo, offset hi
-    int slot_base;          // the Philox row of token 0 (its draft slot)
-    int apply_cap;          // 1: soft-cap the product (the lm-head pass), 0: not (Markov pass)
+    float* part;          // [row blocks, M] x 4 floats, or null: store only
+    int* part_idx;        // [row blocks, M]
+    const float* params;  // [0] = T (<= 0: greedy), [1] = soft-cap (<= 0: none)
+    const unsigned* rng;  // seed lo, seed hi, offset lo, offset hi
+    int slot_base;        // the Philox row of token 0 (its draft slot)
+    int apply_cap;        // 1: soft-cap the product (the lm-head pass), 0: not (Markov pass)
 };
 
 // SAMPLE: one output's logit z (cap, then + R, then stored to Y when given).
@@ -93,7 +93,10 @@ struct ChunkLoad {
     }
     __device__ __forceinline__ void words(unsigned (&out)[4]) const {
         if (FMT == FMT_BF16) {
-            out[0] = raw.x; out[1] = raw.y; out[2] = raw.z; out[3] = raw.w;
+            out[0] = raw.x;
+            out[1] = raw.y;
+            out[2] = raw.z;
+            out[3] = raw.w;
         } else if (FMT == FMT_Q8_0) {
             const int x = (int)raw.x, y = (int)raw.y;
             out[0] = i8x2_to_bf16x2((x << 24) >> 24, (x << 16) >> 24);
@@ -193,16 +196,15 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         wl[u][mt][h].load(W, rows[mt][h], K, c, t);
-                        d[u][mt][h] = FMT == FMT_BF16
-                                          ? 1.f
-                                          : f16_to_f32(scales[rows[mt][h] * nchunks + c]);
+                        d[u][mt][h] =
+                            FMT == FMT_BF16 ? 1.f : f16_to_f32(scales[rows[mt][h] * nchunks + c]);
                     }
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     xv[u][nt][0] = xv[u][nt][1] = make_float4(0.f, 0.f, 0.f, 0.f);
                     if (tok_ok[nt]) {
-                        xv[u][nt][0] = *reinterpret_cast<const float4*>(
-                            xrow[nt] + c * 32 + ChunkLoad<FMT>::k_first(t));
+                        xv[u][nt][0] = *reinterpret_cast<const float4*>(xrow[nt] + c * 32 +
+                                                                        ChunkLoad<FMT>::k_first(t));
                         xv[u][nt][1] = *reinterpret_cast<const float4*>(
                             xrow[nt] + c * 32 + ChunkLoad<FMT>::k_second(t));
                     }
@@ -223,15 +225,16 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
                 unsigned wa[4], wb[4];
-                wl[u][mt][0].words(wa);   // row g
-                wl[u][mt][1].words(wb);   // row g + 8
+                wl[u][mt][0].words(wa);  // row g
+                wl[u][mt][1].words(wb);  // row g + 8
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     // step s uses words 2s (k slots 2t,2t+1) and 2s+1 (slots 2t+8, 2t+9)
                     if constexpr (FMT == FMT_BF16) {
 #pragma unroll
                         for (int s = 0; s < 2; ++s) {
-                            const unsigned a[4] = {wa[2 * s], wb[2 * s], wa[2 * s + 1], wb[2 * s + 1]};
+                            const unsigned a[4] = {wa[2 * s], wb[2 * s], wa[2 * s + 1],
+                                                   wb[2 * s + 1]};
                             mma_bf16(acc[mt][nt], a, bh[nt][s][0], bh[nt][s][1]);
                             mma_bf16(acc[mt][nt], a, bl[nt][s][0], bl[nt][s][1]);
                         }
@@ -240,7 +243,8 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
                         float tmp[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                         for (int s = 0; s < 2; ++s) {
-                            const unsigned a[4] = {wa[2 * s], wb[2 * s], wa[2 * s + 1], wb[2 * s + 1]};
+                            const unsigned a[4] = {wa[2 * s], wb[2 * s], wa[2 * s + 1],
+                                                   wb[2 * s + 1]};
                             mma_bf16(tmp, a, bh[nt][s][0], bh[nt][s][1]);
                             mma_bf16(tmp, a, bl[nt][s][0], bl[nt][s][1]);
                         }
@@ -266,7 +270,7 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
     const int items = 32 * 2 * NT * 2;
     for (int it = threadIdx.x; it < items; it += blockDim.x) {
         const int l = it & 31, rest = it >> 5;
-        const int j = rest & 1, mn = rest >> 1;         // mn = mt*NT + nt
+        const int j = rest & 1, mn = rest >> 1;  // mn = mt*NT + nt
         const int mt = mn / NT, nt = mn % NT;
         float v0 = 0.f, v1 = 0.f;
 #pragma unroll
@@ -302,10 +306,10 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
 // f32 weights: exact FFMA. A warp owns the row pair (r, r+8) of a 16-row tile (the pairing the
 // SILU_MUL epilogue needs) for up to 16 tokens; lanes stride K.
 template <int EPI>
-__device__ __forceinline__ void linear_f32(const float* __restrict__ W,
-                                           const float* __restrict__ X, long long ldx, float* Y,
-                                           long long ldy, const float* R, long long ldr, int M,
-                                           int N, int K, const SampleArgs sa) {
+__device__ __forceinline__ void linear_f32(const float* __restrict__ W, const float* __restrict__ X,
+                                           long long ldx, float* Y, long long ldy, const float* R,
+                                           long long ldr, int M, int N, int K,
+                                           const SampleArgs sa) {
     // SAMPLE: the block's 16 rows x 16 tokens, [token][row]
     __shared__ float stile[EPI == EPI_SAMPLE ? 16 : 1][EPI == EPI_SAMPLE ? 17 : 1];
     const int lane = threadIdx.x & 31;
@@ -348,8 +352,8 @@ __device__ __forceinline__ void linear_f32(const float* __restrict__ W,
     if constexpr (EPI == EPI_SAMPLE) {
         if (sa.part != nullptr) {
             __syncthreads();
-            sample_tile(&stile[0][0], 17, 16, 16, tok0, M, (long long)blockIdx.y * 16, N,
-                        sa.params, sa.rng, sa.slot_base, sa.part, sa.part_idx, blockIdx.y);
+            sample_tile(&stile[0][0], 17, 16, 16, tok0, M, (long long)blockIdx.y * 16, N, sa.params,
+                        sa.rng, sa.slot_base, sa.part, sa.part_idx, blockIdx.y);
         }
     }
 }
@@ -358,32 +362,32 @@ __device__ __forceinline__ void linear_f32(const float* __restrict__ W,
 // _nt1), y = row groups of 32, z = K splits of chunks_per_split 32-chunks (z > 1 only with the
 // store epilogue: partials at Y + z*split_stride); block = 32 * LIN_NWARPS threads.
 #define LINEAR_MMA_ENTRY(name, FMT, NT, EPI)                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * LIN_NWARPS)                             \
+    extern "C" __global__ void __launch_bounds__(32 * LIN_NWARPS)                              \
         name(const unsigned char* W, const f16_bits* scales, const float* X, long long ldx,    \
              float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K,      \
              int chunks_per_split, long long split_stride) {                                   \
         linear_mma<FMT, NT, EPI>(W, scales, X, ldx, Y, ldy, R, ldr, M, N, K, chunks_per_split, \
-                                 split_stride, SampleArgs{nullptr, nullptr, nullptr, nullptr, 0, 0}); \
+                                 split_stride,                                                 \
+                                 SampleArgs{nullptr, nullptr, nullptr, nullptr, 0, 0});        \
     }
 // The SAMPLE epilogue: one K range (no split), sampling partials per 32-row block.
-#define LINEAR_SAMPLE_ENTRY(name, FMT, NT)                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * LIN_NWARPS)                             \
-        name(const unsigned char* W, const f16_bits* scales, const float* X, long long ldx,    \
-             float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K,      \
-             float* part, int* part_idx, const float* params, const unsigned* rng,             \
-             int slot_base, int apply_cap) {                                                  \
-        linear_mma<FMT, NT, EPI_SAMPLE>(                                                       \
-            W, scales, X, ldx, Y, ldy, R, ldr, M, N, K, K / 32, 0,                             \
-            SampleArgs{part, part_idx, params, rng, slot_base, apply_cap});                    \
+#define LINEAR_SAMPLE_ENTRY(name, FMT, NT)                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * LIN_NWARPS) name(                          \
+        const unsigned char* W, const f16_bits* scales, const float* X, long long ldx, float* Y, \
+        long long ldy, const float* R, long long ldr, int M, int N, int K, float* part,          \
+        int* part_idx, const float* params, const unsigned* rng, int slot_base, int apply_cap) { \
+        linear_mma<FMT, NT, EPI_SAMPLE>(                                                         \
+            W, scales, X, ldx, Y, ldy, R, ldr, M, N, K, K / 32, 0,                               \
+            SampleArgs{part, part_idx, params, rng, slot_base, apply_cap});                      \
     }
-#define LINEAR_MMA_ALL(fname, FMT)                                                             \
-    LINEAR_MMA_ENTRY(linear_##fname##_store, FMT, 2, EPI_STORE)                                \
-    LINEAR_MMA_ENTRY(linear_##fname##_add, FMT, 2, EPI_ADD)                                    \
-    LINEAR_MMA_ENTRY(linear_##fname##_silu_mul, FMT, 2, EPI_SILU_MUL)                          \
-    LINEAR_MMA_ENTRY(linear_##fname##_store_nt1, FMT, 1, EPI_STORE)                            \
-    LINEAR_MMA_ENTRY(linear_##fname##_add_nt1, FMT, 1, EPI_ADD)                                \
-    LINEAR_MMA_ENTRY(linear_##fname##_silu_mul_nt1, FMT, 1, EPI_SILU_MUL)                      \
-    LINEAR_SAMPLE_ENTRY(linear_##fname##_sample, FMT, 2)                                       \
+#define LINEAR_MMA_ALL(fname, FMT)                                        \
+    LINEAR_MMA_ENTRY(linear_##fname##_store, FMT, 2, EPI_STORE)           \
+    LINEAR_MMA_ENTRY(linear_##fname##_add, FMT, 2, EPI_ADD)               \
+    LINEAR_MMA_ENTRY(linear_##fname##_silu_mul, FMT, 2, EPI_SILU_MUL)     \
+    LINEAR_MMA_ENTRY(linear_##fname##_store_nt1, FMT, 1, EPI_STORE)       \
+    LINEAR_MMA_ENTRY(linear_##fname##_add_nt1, FMT, 1, EPI_ADD)           \
+    LINEAR_MMA_ENTRY(linear_##fname##_silu_mul_nt1, FMT, 1, EPI_SILU_MUL) \
+    LINEAR_SAMPLE_ENTRY(linear_##fname##_sample, FMT, 2)                  \
     LINEAR_SAMPLE_ENTRY(linear_##fname##_sample_nt1, FMT, 1)
 
 LINEAR_MMA_ALL(bf16, FMT_BF16)
@@ -391,12 +395,12 @@ LINEAR_MMA_ALL(q8_0, FMT_Q8_0)
 LINEAR_MMA_ALL(q4_0, FMT_Q4_0)
 
 // f32: grid x = token groups of 16, y = groups of (blockDim/32) row pairs.
-#define LINEAR_F32_ENTRY(name, EPI)                                                            \
-    extern "C" __global__ void name(const float* W, const f16_bits* scales, const float* X,    \
-                                    long long ldx, float* Y, long long ldy, const float* R,    \
-                                    long long ldr, int M, int N, int K) {                      \
-        linear_f32<EPI>(W, X, ldx, Y, ldy, R, ldr, M, N, K,                                    \
-                        SampleArgs{nullptr, nullptr, nullptr, nullptr, 0, 0});                 \
+#define LINEAR_F32_ENTRY(name, EPI)                                                         \
+    extern "C" __global__ void name(const float* W, const f16_bits* scales, const float* X, \
+                                    long long ldx, float* Y, long long ldy, const float* R, \
+                                    long long ldr, int M, int N, int K) {                   \
+        linear_f32<EPI>(W, X, ldx, Y, ldy, R, ldr, M, N, K,                                 \
+                        SampleArgs{nullptr, nullptr, nullptr, nullptr, 0, 0});              \
     }
 LINEAR_F32_ENTRY(linear_f32_store, EPI_STORE)
 LINEAR_F32_ENTRY(linear_f32_add, EPI_ADD)
@@ -404,12 +408,11 @@ LINEAR_F32_ENTRY(linear_f32_silu_mul, EPI_SILU_MUL)
 
 // f32 SAMPLE: grid x = token groups of 16, y = 16-row tiles (one per block of LIN_F32_WARPS
 // warps); sampling partials per 16-row block.
-extern "C" __global__ void linear_f32_sample(const float* W, const f16_bits* scales,
-                                             const float* X, long long ldx, float* Y,
-                                             long long ldy, const float* R, long long ldr, int M,
-                                             int N, int K, float* part, int* part_idx,
-                                             const float* params, const unsigned* rng,
-                                             int slot_base, int apply_cap) {
+extern "C" __global__ void linear_f32_sample(const float* W, const f16_bits* scales, const float* X,
+                                             long long ldx, float* Y, long long ldy, const float* R,
+                                             long long ldr, int M, int N, int K, float* part,
+                                             int* part_idx, const float* params,
+                                             const unsigned* rng, int slot_base, int apply_cap) {
     linear_f32<EPI_SAMPLE>(W, X, ldx, Y, ldy, R, ldr, M, N, K,
                            SampleArgs{part, part_idx, params, rng, slot_base, apply_cap});
 }

@@ -12,11 +12,10 @@
 // before the first use (n % 4 == 0, n <= 4 * RMS_VEC * blockDim.x; else the scalar path).
 PYDFLASH_REQUIRE(RMS_VEC);
 
-extern "C" __global__ void residual_rms_norm(const float* part, int n_split,
-                                             long long split_stride, const float* resid_in,
-                                             float* resid_out, const float* bias,
-                                             const float* __restrict__ w, float* out, int n,
-                                             float eps) {
+extern "C" __global__ void residual_rms_norm(const float* part, int n_split, long long split_stride,
+                                             const float* resid_in, float* resid_out,
+                                             const float* bias, const float* __restrict__ w,
+                                             float* out, int n, float eps) {
     __shared__ float scratch[32];
     const long long base = (long long)blockIdx.x * n;
     float ss = 0.f;
@@ -27,17 +26,26 @@ extern "C" __global__ void residual_rms_norm(const float* part, int n_split,
             const int i = 4 * (threadIdx.x + j * blockDim.x);
             v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (i < n) {
-                if (resid_in != nullptr) v[j] = *reinterpret_cast<const float4*>(resid_in + base + i);
+                if (resid_in != nullptr)
+                    v[j] = *reinterpret_cast<const float4*>(resid_in + base + i);
                 for (int s = 0; s < n_split; ++s) {
-                    const float4 p = *reinterpret_cast<const float4*>(part + s * split_stride + base + i);
-                    v[j].x += p.x; v[j].y += p.y; v[j].z += p.z; v[j].w += p.w;
+                    const float4 p =
+                        *reinterpret_cast<const float4*>(part + s * split_stride + base + i);
+                    v[j].x += p.x;
+                    v[j].y += p.y;
+                    v[j].z += p.z;
+                    v[j].w += p.w;
                 }
                 if (bias != nullptr) {
                     const float4 b = *reinterpret_cast<const float4*>(bias + i);
-                    v[j].x += b.x; v[j].y += b.y; v[j].z += b.z; v[j].w += b.w;
+                    v[j].x += b.x;
+                    v[j].y += b.y;
+                    v[j].z += b.z;
+                    v[j].w += b.w;
                 }
                 if (resid_out != nullptr) *reinterpret_cast<float4*>(resid_out + base + i) = v[j];
-                ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
+                ss = fmaf(v[j].x, v[j].x,
+                          fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
             }
         }
         ss = block_sum(ss, scratch);
@@ -48,8 +56,8 @@ extern "C" __global__ void residual_rms_norm(const float* part, int n_split,
             if (i < n) {
                 const float4 wv = *reinterpret_cast<const float4*>(w + i);
                 *reinterpret_cast<float4*>(out + base + i) =
-                    make_float4((v[j].x * inv) * wv.x, (v[j].y * inv) * wv.y,
-                                (v[j].z * inv) * wv.z, (v[j].w * inv) * wv.w);
+                    make_float4((v[j].x * inv) * wv.x, (v[j].y * inv) * wv.y, (v[j].z * inv) * wv.z,
+                                (v[j].w * inv) * wv.w);
             }
         }
         return;
@@ -59,7 +67,7 @@ extern "C" __global__ void residual_rms_norm(const float* part, int n_split,
         for (int s = 0; s < n_split; ++s) v += part[s * split_stride + base + i];
         if (bias != nullptr) v += bias[i];
         if (resid_out != nullptr) resid_out[base + i] = v;
-        out[base + i] = v;   // re-read below by this same thread: no barrier needed
+        out[base + i] = v;  // re-read below by this same thread: no barrier needed
         ss = fmaf(v, v, ss);
     }
     ss = block_sum(ss, scratch);

@@ -13,7 +13,7 @@
 // Precondition: hd even, hd <= ROPE_MAX_HD.
 #include "common.cuh"
 
-PYDFLASH_REQUIRE(ROPE_MAX_HD);   // from pydflash/ops/qkv_rope.py
+PYDFLASH_REQUIRE(ROPE_MAX_HD);  // from pydflash/ops/qkv_rope.py
 #define QKV_WARPS 4
 
 // acc (hd floats in shared memory) -> dst: optional RMSNorm with weight nw, then RoPE at p.
@@ -43,11 +43,11 @@ __device__ __forceinline__ void norm_rope_head(const float* acc, float* __restri
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * QKV_WARPS) qkv_norm_rope(
-    const float* src, long long ld_src, int n_split, long long split_stride, const float* bias,
-    float* q_out, float* k_out, float* v_out, const int* row_base, const float* q_norm,
-    const float* k_norm, const int* pos, const float* inv_freq, float rope_factor, int rows,
-    int n_q, int n_kv, int hd, float eps) {
+extern "C" __global__ void __launch_bounds__(32 * QKV_WARPS)
+    qkv_norm_rope(const float* src, long long ld_src, int n_split, long long split_stride,
+                  const float* bias, float* q_out, float* k_out, float* v_out, const int* row_base,
+                  const float* q_norm, const float* k_norm, const int* pos, const float* inv_freq,
+                  float rope_factor, int rows, int n_q, int n_kv, int hd, float eps) {
     __shared__ float sum[QKV_WARPS][ROPE_MAX_HD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int heads = n_q + 2 * n_kv;
@@ -70,8 +70,8 @@ extern "C" __global__ void __launch_bounds__(32 * QKV_WARPS) qkv_norm_rope(
         norm_rope_head(acc, q_out + r * n_q * hd + (long long)h * hd, q_norm, pos[r], inv_freq,
                        rope_factor, hd, eps);
     } else if (h < n_q + n_kv) {
-        norm_rope_head(acc, k_out + (base + r) * kv_ld + (long long)(h - n_q) * hd, k_norm,
-                       pos[r], inv_freq, rope_factor, hd, eps);
+        norm_rope_head(acc, k_out + (base + r) * kv_ld + (long long)(h - n_q) * hd, k_norm, pos[r],
+                       inv_freq, rope_factor, hd, eps);
     } else {
         float* d = v_out + (base + r) * kv_ld + (long long)(h - n_q - n_kv) * hd;
         for (int j = lane; j < hd; j += 32) d[j] = acc[j];

@@ -17,7 +17,7 @@
 
 #include "common.cuh"
 
-PYDFLASH_REQUIRE(QK);   // elements per block, from pydflash/ops/quant.py
+PYDFLASH_REQUIRE(QK);  // elements per block, from pydflash/ops/quant.py
 
 __device__ __forceinline__ float as_f32(float v) { return v; }
 __device__ __forceinline__ float as_f32(unsigned short bits) { return bf16_to_f32(bits); }
@@ -31,7 +31,7 @@ __device__ __forceinline__ unsigned short f32_to_f16_bits(float f) {
     if (ax >= 0x477ff000u) {  // >= 65520 rounds to inf; NaN stays NaN
         return (unsigned short)(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
     }
-    if (ax >= 0x38800000u) {  // normal half: |f| >= 2^-14
+    if (ax >= 0x38800000u) {                // normal half: |f| >= 2^-14
         unsigned int r = ax - 0x38000000u;  // rebias the exponent from 127 to 15
         r += 0x0fffu + ((r >> 13) & 1u);    // round the 13 dropped bits to nearest even
         return (unsigned short)(sign | (r >> 13));
@@ -99,12 +99,11 @@ __device__ __forceinline__ void q4_0_block(const float* x, unsigned char* out) {
 }
 
 template <typename T, int BYTES, void (*QUANTIZE)(const float*, unsigned char*)>
-__device__ __forceinline__ void quantize_blocks(const T* src, unsigned char* dst,
-                                                long long rows, long long cols) {
+__device__ __forceinline__ void quantize_blocks(const T* src, unsigned char* dst, long long rows,
+                                                long long cols) {
     const long long nblocks = rows * (cols / QK);
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks;
-         b += stride) {
+    for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += stride) {
         float x[QK];
         const T* s = src + b * QK;
         for (int j = 0; j < QK; ++j) {

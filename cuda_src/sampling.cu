@@ -6,7 +6,10 @@
 
 __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
     // NaN never wins; equal values keep the lower index
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
 }
 
 // out[r] = argmax_j x[r * ldx + j], j < n.
@@ -25,7 +28,10 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, long long ld
         better(bv, bi, ov, oi);
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
     __syncthreads();
     if (warp == 0) {
         const int nw = blockDim.x >> 5;
@@ -103,9 +109,10 @@ extern "C" __global__ void confidence_head(const float* hidden, long long ldh, c
             const int p = prev[k];
             const bool ok = p >= 0 && p < vocab;
             for (int i = threadIdx.x; i < rank; i += blockDim.x)
-                acc = fmaf(w[hdim + i],
-                           ok ? bf16_to_f32(w1[(long long)p * ldw1 + i]) : __int_as_float(0x7fc00000),
-                           acc);
+                acc =
+                    fmaf(w[hdim + i],
+                         ok ? bf16_to_f32(w1[(long long)p * ldw1 + i]) : __int_as_float(0x7fc00000),
+                         acc);
         }
         const float tot = block_sum(acc, scratch);
         if (threadIdx.x == 0) conf[k] = 1.f / (1.f + expf(-(tot + b[0])));

@@ -27,9 +27,9 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned k0, unsigned k1
 // The uniform of (stream, row, col) under key (seed_lo, seed_hi) at 64-bit offset
 // (off_lo, off_hi): word col % 4 of Philox4x32-10 at counter (col / 4, stream << 16 | row,
 // off_lo, off_hi), mapped to ((x >> 9) + 0.5) * 2^-23: exact in float32, strictly inside (0, 1).
-__device__ __forceinline__ float philox_uniform(unsigned seed_lo, unsigned seed_hi,
-                                                unsigned off_lo, unsigned off_hi,
-                                                unsigned stream, unsigned row, long long col) {
+__device__ __forceinline__ float philox_uniform(unsigned seed_lo, unsigned seed_hi, unsigned off_lo,
+                                                unsigned off_hi, unsigned stream, unsigned row,
+                                                long long col) {
     const uint4 x = philox4x32_10(
         make_uint4((unsigned)(col >> 2), (stream << 16) | row, off_lo, off_hi), seed_lo, seed_hi);
     const int w = (int)(col & 3);
@@ -126,9 +126,8 @@ __device__ __forceinline__ SampleAcc sample_acc_load(const float* part, const in
 // params[0] = T; rng = (seed lo, seed hi, offset lo, offset hi). Call from every thread.
 __device__ __forceinline__ void sample_tile(const float* tile, int ld, int n_tok, int rows,
                                             long long tok0, int M, long long row0, int N,
-                                            const float* params, const unsigned* rng,
-                                            int slot_base, float* part, int* part_idx,
-                                            long long blk) {
+                                            const float* params, const unsigned* rng, int slot_base,
+                                            float* part, int* part_idx, long long blk) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const float t = params[0];
     for (int tl = warp; tl < n_tok; tl += nwarps) {
@@ -137,10 +136,10 @@ __device__ __forceinline__ void sample_tile(const float* tile, int ld, int n_tok
         const long long row = row0 + lane;
         SampleAcc a = sample_acc_empty();
         if (lane < rows && row < N) {
-            const float u = t > 0.f ? philox_uniform(rng[0], rng[1], rng[2], rng[3],
-                                                     RNG_STREAM_DRAFT,
-                                                     (unsigned)(slot_base + tok), row)
-                                    : 0.5f;
+            const float u = t > 0.f
+                                ? philox_uniform(rng[0], rng[1], rng[2], rng[3], RNG_STREAM_DRAFT,
+                                                 (unsigned)(slot_base + tok), row)
+                                : 0.5f;
             a = sample_acc_point(tile[tl * ld + lane], (int)row, t, u);
         }
         sample_acc_warp(a);

@@ -24,8 +24,8 @@ extern "C" __global__ void greedy_accept(const int* draft, const int* target, in
 extern "C" __global__ void speculative_accept(const int* draft, const float* q, long long ldq,
                                               const float* p, long long ldp, int n, int V,
                                               const float* u_accept, const float* u_sample,
-                                              unsigned seed_lo, unsigned seed_hi,
-                                              unsigned off_lo, unsigned off_hi, int* out) {
+                                              unsigned seed_lo, unsigned seed_hi, unsigned off_lo,
+                                              unsigned off_hi, int* out) {
     __shared__ int s_k;
     __shared__ float sv[32];
     __shared__ int si[32];
@@ -34,10 +34,9 @@ extern "C" __global__ void speculative_accept(const int* draft, const float* q, 
         for (; k < n; ++k) {
             const int x = draft[k];
             if (x < 0 || x >= V) break;
-            const float u = u_accept != nullptr
-                                ? u_accept[k]
-                                : philox_uniform(seed_lo, seed_hi, off_lo, off_hi,
-                                                 RNG_STREAM_ACCEPT, 0u, k);
+            const float u = u_accept != nullptr ? u_accept[k]
+                                                : philox_uniform(seed_lo, seed_hi, off_lo, off_hi,
+                                                                 RNG_STREAM_ACCEPT, 0u, k);
             if (!(u * q[(long long)k * ldq + x] < p[(long long)k * ldp + x])) break;
         }
         s_k = k;
@@ -65,16 +64,25 @@ extern "C" __global__ void speculative_accept(const int* draft, const float* q, 
             } else {
                 v = pk[j];
             }
-            if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
+            if (v > bv || (v == bv && j < bi)) {
+                bv = v;
+                bi = j;
+            }
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
         }
         __syncthreads();  // sv/si of the previous pass are read
-        if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+        if (lane == 0) {
+            sv[warp] = bv;
+            si[warp] = bi;
+        }
         __syncthreads();
         bv = lane < nw ? sv[lane] : NEG_INF;
         bi = lane < nw ? si[lane] : NO_INDEX;
@@ -82,7 +90,10 @@ extern "C" __global__ void speculative_accept(const int* draft, const float* q, 
         for (int o = 16; o > 0; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
         }
         // every thread now holds the block's winner: the loop exit is uniform
         if (bi != NO_INDEX || pass == 1) {
