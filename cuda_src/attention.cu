@@ -279,26 +279,38 @@ __device__ __forceinline__ void attn_partial_impl(
     }
 // ORPT = max(1, 16*RPT*hd/1024) for hd in 16..256
 ATT_ENTRY(1, 1)
-ATT_ENTRY(1, 2) ATT_ENTRY(1, 4) ATT_ENTRY(2, 1) ATT_ENTRY(2, 2) ATT_ENTRY(2, 4) ATT_ENTRY(2, 8)
-    ATT_ENTRY(4, 1) ATT_ENTRY(4, 2) ATT_ENTRY(4, 4) ATT_ENTRY(4, 8) ATT_ENTRY(4, 16) ATT_ENTRY(8, 1)
-        ATT_ENTRY(8, 2) ATT_ENTRY(8, 4) ATT_ENTRY(8, 8) ATT_ENTRY(8, 16) ATT_ENTRY(8, 32)
+ATT_ENTRY(1, 2)
+ATT_ENTRY(1, 4)
+ATT_ENTRY(2, 1)
+ATT_ENTRY(2, 2)
+ATT_ENTRY(2, 4)
+ATT_ENTRY(2, 8)
+ATT_ENTRY(4, 1)
+ATT_ENTRY(4, 2)
+ATT_ENTRY(4, 4)
+ATT_ENTRY(4, 8)
+ATT_ENTRY(4, 16)
+ATT_ENTRY(8, 1)
+ATT_ENTRY(8, 2)
+ATT_ENTRY(8, 4)
+ATT_ENTRY(8, 8)
+ATT_ENTRY(8, 16)
+ATT_ENTRY(8, 32)
 
-    // attn_partial_tc: the same partials on the tensor cores (drafter precisions other than f32).
-    // Warp w owns the 16 query rows 16w.. (W = RP/16 warps). Q lives in registers as bf16 hi/lo
-    // A fragments; each K/V tile arrives in f32 by cp.async, is split once into bf16 hi/lo (K
-    // row-major, V transposed) and the next tile's copies start while this one is computed.
-    // S = Q K^T and O += P V take three MMAs per product (hi.hi + hi.lo + lo.hi): ~16-bit inputs,
-    // f32 accumulation. The softmax runs on the S accumulators, whose layout is the A layout of P.
-    // Tiles of ATT_TC_T = 32 keys keep the block at ~72 KB of shared memory: three blocks per SM.
-    template <int HD, int W>
-    __device__ __forceinline__
-    void attn_partial_tc_impl(const float* __restrict__ q, long long ldq,
-                              const float* __restrict__ K, const float* __restrict__ V,
-                              long long ldkv, const int* __restrict__ qpos,
-                              const int* __restrict__ kpos, int n_q, int n_keys,
-                              const int* n_keys_base, int n_splits, int n_head, int n_kv,
-                              int window, int causal_rows, int q_row0, float scale,
-                              float* __restrict__ o_part, float* __restrict__ ml_part) {
+// attn_partial_tc: the same partials on the tensor cores (drafter precisions other than f32).
+// Warp w owns the 16 query rows 16w.. (W = RP/16 warps). Q lives in registers as bf16 hi/lo
+// A fragments; each K/V tile arrives in f32 by cp.async, is split once into bf16 hi/lo (K
+// row-major, V transposed) and the next tile's copies start while this one is computed.
+// S = Q K^T and O += P V take three MMAs per product (hi.hi + hi.lo + lo.hi): ~16-bit inputs,
+// f32 accumulation. The softmax runs on the S accumulators, whose layout is the A layout of P.
+// Tiles of ATT_TC_T = 32 keys keep the block at ~72 KB of shared memory: three blocks per SM.
+template <int HD, int W>
+__device__ __forceinline__ void attn_partial_tc_impl(
+    const float* __restrict__ q, long long ldq, const float* __restrict__ K,
+    const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
+    const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
+    int n_head, int n_kv, int window, int causal_rows, int q_row0, float scale,
+    float* __restrict__ o_part, float* __restrict__ ml_part) {
     constexpr int TT = ATT_TC_T;  // keys per tile
     constexpr int KS = HD / 16;   // k-steps of S over the head dim
     constexpr int NS = TT / 8;    // n-tiles of S over the keys
