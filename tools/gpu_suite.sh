@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole GPU suite and the benchmarks, from the repository root on the device machine:
-#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|checks|all|kernels]      (default: all)
-# tests:  the test suite (CPU + GPU) and its scale tier (-m scale: public geometries at ctx 4096,
-#         the whole geometry sweep)
-# checks: load_check of every public preset (bf16 and q8_0, ctx 4096), the soak, bench_round
+#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels]      (default: all)
+# tests:   the test suite, CPU and GPU (about 2 min on an H200)
+# scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
+#          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step)
+# checks:  load_check of every preset (bf16 and q8_0, ctx 4096), the soak, bench_round
 # kernels: bench_kernels (per-kernel timings)
-# (two parts so each fits one 10-minute device call). Logs go to $OUT (or ./gpu_logs); the
-# summary lines print last.
+# Run the parts as separate device calls so each fits the 10-minute limit. Logs go to $OUT
+# (or ./gpu_logs); the summary lines print last.
 set -uo pipefail
 OUT=${OUT:-gpu_logs}
 mkdir -p "$OUT"
@@ -24,17 +25,18 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 python3 -c "import cupy, numpy; from cupy_backends.cuda.libs import nvrtc; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'nvrtc', nvrtc.getVersion())" >> "$OUT/device.log"
 
 PRESETS="qwen3-8b-b16 gemma4-31b gpt-oss-20b-b8 qwen3-4b-b16 qwen3.6-27b dspark-qwen3-8b-b7 dspark-qwen3-4b-b7 tiny tiny-swa tiny-dspark"
-PUBLIC="qwen3-8b-b16 gemma4-31b gpt-oss-20b-b8 qwen3-4b-b16 qwen3.6-27b dspark-qwen3-8b-b7 dspark-qwen3-4b-b7"
 for p in $PRESETS; do   # each preset written once, shared by the tests and load_check
   [ -f "$CKPT/$p/config.json" ] || python3 tools/make_checkpoint.py "$CKPT/$p" --preset "$p" --seed 1 >> "$OUT/make_checkpoint.log" 2>&1
 done
 
 if [ "$PART" = tests ] || [ "$PART" = all ]; then
   run tests python3 -m pytest -q -rs -p no:cacheprovider tests --deselect tests/test_kernels_compile.py
+fi
+if [ "$PART" = scale ] || [ "$PART" = all ]; then
   run scale python3 -m pytest -q -rA -m scale -p no:cacheprovider tests
 fi
 if [ "$PART" = checks ] || [ "$PART" = all ]; then
-  for p in $PUBLIC; do   # (the tiny presets run in the test suite)
+  for p in $PRESETS; do
     run "load_check_$p" python3 tools/load_check.py "$CKPT/$p" --precision bf16 q8_0 --ctx 4096
   done
   run soak python3 tools/soak.py --preset tiny --rounds 100000 --window 20000
