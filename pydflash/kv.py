@@ -20,26 +20,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
 
 
-class DflashKv:
-    def __init__(self, e: Engine, cfg: DflashCfg, cap: int) -> None:
-        cap = checks.kv_cap(cap)  # the checks ReferenceKv makes too
-        checks.require_runtime(e)
-        cfg = checks.kv_cfg(cfg, cap)
-        self.cfg, self._cap, self._len = cfg, cap, 0
-        self.device, self.stream_ptr = e.ordinal, e.stream.ptr
-        rows = self._cap + cfg.block_size
-        need = 8 * rows * cfg.kv_dim * cfg.n_layer + 4 * rows
-        with e.allocating(need, f"DflashKv of cap {cap}"), e.ordered():
-            self.k = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
-            self.v = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
-            self.pos = e.zeros(rows, np.int32)
-            # A round's [len, block positions...]: read by the kernels on the device, so one
-            # captured CUDA graph of forward_round serves every len.
-            self.round_state = e.zeros(1 + cfg.block_size, np.int32)
+class CommittedRows:
+    """The row bookkeeping a KV cache shares with the reference's: `cap` rows of room, `len`
+    committed (settable: roll back only), and `commit(t)` after t rows were written at len."""
 
-    @classmethod
-    def new(cls, e: Engine, cfg: DflashCfg, cap: int) -> DflashKv:
-        return cls(e, cfg, cap)
+    _cap: int
+    _len: int
 
     @property
     def cap(self) -> int:
@@ -62,6 +48,28 @@ class DflashKv:
         """The t rows after len were written (ingest_ctx): they become committed."""
         self.check_room(t, "commit")
         self._len += t
+
+
+class DflashKv(CommittedRows):
+    def __init__(self, e: Engine, cfg: DflashCfg, cap: int) -> None:
+        cap = checks.kv_cap(cap)  # the checks ReferenceKv makes too
+        checks.require_runtime(e)
+        cfg = checks.kv_cfg(cfg, cap)
+        self.cfg, self._cap, self._len = cfg, cap, 0
+        self.device, self.stream_ptr = e.ordinal, e.stream.ptr
+        rows = self._cap + cfg.block_size
+        need = 8 * rows * cfg.kv_dim * cfg.n_layer + 4 * rows
+        with e.allocating(need, f"DflashKv of cap {cap}"), e.ordered():
+            self.k = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
+            self.v = [e.empty((rows, cfg.kv_dim), np.float32) for _ in range(cfg.n_layer)]
+            self.pos = e.zeros(rows, np.int32)
+            # A round's [len, block positions...]: read by the kernels on the device, so one
+            # captured CUDA graph of forward_round serves every len.
+            self.round_state = e.zeros(1 + cfg.block_size, np.int32)
+
+    @classmethod
+    def new(cls, e: Engine, cfg: DflashCfg, cap: int) -> DflashKv:
+        return cls(e, cfg, cap)
 
     def write_positions(self, e: Engine, pos: Any, start: int, n: int, name: str) -> None:
         """Positions of rows [start, start+n) -> self.pos, from host ints or a device int32

@@ -13,9 +13,10 @@ from . import checks
 from .checkpoint import MARKOV_W1, MARKOV_W2, backbone_shapes, head_shapes
 from .config import DflashCfg
 from .errors import CapacityError, ShapeError
+from .kv import CommittedRows
 
 
-class ReferenceKv:
+class ReferenceKv(CommittedRows):
     """Per layer the normed+roped K and raw V of committed ctx rows, plus their positions.
     Checked as DflashKv is (pydflash.checks): cap, the config, and `len`, which can only be
     rolled back; a drafter uses it when its layers, kv dims and block size match."""
@@ -34,28 +35,6 @@ class ReferenceKv:
                 f"cap {cap}: {2 * cfg.n_layer} x {list(shape)} {dt} arrays do not fit in memory"
             ) from None
         self.pos = np.zeros(cap, np.int64)
-
-    @property
-    def cap(self) -> int:
-        return self._cap
-
-    @property
-    def len(self) -> int:
-        return self._len
-
-    @len.setter
-    def len(self, value: int) -> None:
-        """Roll back to `value` committed rows (discarding the rest); never forward."""
-        self._len = checks.kv_len(value, self._len)
-
-    def check_room(self, t: int, what: str) -> None:
-        if self._len + t > self._cap:
-            raise CapacityError(f"{what}: {t} rows at len {self._len} exceed cap {self._cap}")
-
-    def commit(self, t: int) -> None:
-        """The t rows after len were written (ingest_ctx): they become committed."""
-        self.check_room(t, "commit")
-        self._len += t
 
 
 def float_dtype(dtype: object) -> np.dtype:

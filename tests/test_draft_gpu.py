@@ -6,29 +6,13 @@ import pytest
 
 from pydflash import ReferenceDraft
 from pydflash.errors import CapacityError, CheckpointError, ShapeError
+from pydflash.testing import TOLERANCE, rel
 from tools.make_checkpoint import make_checkpoint
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
-TOL = {"f32": 1e-4, "bf16": 5e-3, "q8_0": 2e-2, "q4_0": 2e-2, "mixed": 2e-2}
+TOL = TOLERANCE
 PRECISIONS = list(TOL)
-# A small geometry that still exercises the real kernel paths: hd 64, GQA 4, block 16, several
-# attention splits, split-K projections (K >= 512), rows that are not multiples of the tiles.
-MEDIUM = {
-    "hidden": 512,
-    "n_head": 8,
-    "n_kv": 2,
-    "head_dim": 64,
-    "n_ff": 704,
-    "n_layer": 2,
-    "block_size": 16,
-    "vocab": 1000,
-    "mask_token_id": 999,
-}
-
-
-def rel(a, b):
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +20,7 @@ def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
     return {
         "tiny": make_checkpoint(root / "tiny", "tiny", seed=11),
-        "medium": make_checkpoint(root / "medium", "tiny", overrides=MEDIUM, seed=12),
+        "medium": make_checkpoint(root / "medium", "medium", seed=12),
         "swa": make_checkpoint(root / "swa", "tiny-swa", seed=13),
         "dspark": make_checkpoint(root / "dspark", "tiny-dspark", seed=14),
         "gated": make_checkpoint(root / "gated", "tiny", markov="gated", seed=15),

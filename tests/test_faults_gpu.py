@@ -9,18 +9,6 @@ from pydflash.testing import random_inputs
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
-MEDIUM = {
-    "hidden": 512,
-    "n_head": 8,
-    "n_kv": 2,
-    "head_dim": 64,
-    "n_ff": 704,
-    "n_layer": 2,
-    "block_size": 16,
-    "vocab": 1000,
-    "mask_token_id": 999,
-}
-
 
 @pytest.fixture
 def pool_limit():
@@ -35,7 +23,7 @@ def test_a_drafter_that_does_not_fit_is_refused_and_leaks_nothing(
     from pydflash import DflashDraft, DflashKv
     from pydflash.weights import precision_bytes
 
-    ckpt = preset_checkpoint("tiny", seed=3, **MEDIUM)
+    ckpt = preset_checkpoint("medium", seed=3)
     d = DflashDraft.load(engine, ckpt, "f32")  # compiled, and its size known
     need = precision_bytes(d.cfg, "f32")[0]
     del d
@@ -66,7 +54,7 @@ def test_errors_mid_round_leave_kv_and_graph_usable(engine, preset_checkpoint, r
     from pydflash import DflashDraft, DflashKv
 
     e = engine
-    d = DflashDraft.load(e, preset_checkpoint("tiny", seed=4, **MEDIUM), "bf16")
+    d = DflashDraft.load(e, preset_checkpoint("medium", seed=4), "bf16")
     cfg = d.cfg
     taps, noise, pos = random_inputs(cfg, 50, rng)
     kv = DflashKv(e, cfg, 64)

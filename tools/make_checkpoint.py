@@ -95,6 +95,20 @@ _QWEN3_8B = dict(
 # names the source. Fields the source leaves blank are chosen and say so.
 PRESETS: dict[str, dict] = {
     "tiny": dict(_TINY),
+    # test size that still takes the real kernel paths: hd 64, GQA 4, block 16, several
+    # attention splits, split-K projections (K >= 512), rows that are not multiples of tiles
+    "medium": dict(
+        _TINY,
+        hidden=512,
+        n_head=8,
+        n_kv=2,
+        head_dim=64,
+        n_ff=704,
+        n_layer=2,
+        block_size=16,
+        vocab=1000,
+        mask_token_id=999,
+    ),
     "tiny-swa": dict(
         _TINY,
         n_layer=3,
