@@ -41,6 +41,25 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Argmax step: (v, i) replaces (bv, bi) when larger, or equal with a lower index (NaN never
+// wins), so every reduction order picks the first maximum.
+__device__ __forceinline__ void argmax_better(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+// The (value, index) argmax over the 32 lanes of a warp; every lane gets it.
+__device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        argmax_better(bv, bi, ov, oi);
+    }
+}
+
 // Sum over a whole block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32 floats.
 // Every thread gets the total.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

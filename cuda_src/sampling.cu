@@ -4,14 +4,6 @@
 // Philox fill for tests. Sampling arithmetic and the generator: sampling.cuh.
 #include "sampling.cuh"
 
-__device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
-    // NaN never wins; equal values keep the lower index
-    if (v > bv || (v == bv && i < bi)) {
-        bv = v;
-        bi = i;
-    }
-}
-
 // out[r] = argmax_j x[r * ldx + j], j < n.
 extern "C" __global__ void argmax_rows(const float* __restrict__ x, long long ldx, int n,
                                        int* __restrict__ out) {
@@ -20,13 +12,8 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, long long ld
     const float* xr = x + (long long)blockIdx.x * ldx;
     float bv = __int_as_float(0xff800000);
     int bi = 0x7fffffff;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) better(bv, bi, xr[j], j);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        better(bv, bi, ov, oi);
-    }
+    for (int j = threadIdx.x; j < n; j += blockDim.x) argmax_better(bv, bi, xr[j], j);
+    warp_argmax(bv, bi);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
         sv[warp] = bv;
@@ -37,12 +24,7 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, long long ld
         const int nw = blockDim.x >> 5;
         bv = lane < nw ? sv[lane] : __int_as_float(0xff800000);
         bi = lane < nw ? si[lane] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            better(bv, bi, ov, oi);
-        }
+        warp_argmax(bv, bi);
         // all -inf/NaN row: index 0, like numpy's argmax of an all -inf row
         if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
     }
