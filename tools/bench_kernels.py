@@ -6,6 +6,11 @@ Rows: every linear of a layer at M = block_size tokens, attention over ctx + blo
 fused residual+norm kernel (each timed as GPU time of graph-captured back-to-back launches), and
 one forward_round both as GPU time (CUDA events) and as host issue time (how long Python takes
 to queue it), to tell launch-bound from GPU-bound.
+
+The ingest GEMM (ops/gemm.py; --gemm-only for just these rows): the kv projection of M ctx
+rows through the decode kernel (256-row split-K chunks, the old ingest) and through the GEMM for
+M around the crossover (gemm.MIN_ROWS), then the GEMM at M = 4096 for the kv and fc shapes
+beside its floor: max(bytes / copy bandwidth, 2*M*N*K / the cuBLAS f16 rate measured now).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench_round import copy_bandwidth, timed  # noqa: E402
+from tools.bench_round import copy_bandwidth, tensor_rate, timed  # noqa: E402
 from tools.make_checkpoint import PRESETS  # noqa: E402
 
 INNER = 20  # launches captured in one CUDA graph: host launch costs stay out of the time
@@ -37,12 +42,67 @@ def timed_inner(cp, stream, fn, repeats: int) -> float:
     return timed(cp, stream, lambda: graph.launch(stream), max(5, repeats // 5)) / INNER
 
 
+def bench_gemm(cp, e, cfg, n_taps: int, precisions, bw: float, repeats: int, rng) -> None:
+    """Decode kernel vs GEMM across M (the crossover), then the GEMM against its floor."""
+    from pydflash import GpuTensor
+    from pydflash.ops import gemm, linear
+
+    rate = tensor_rate(cp, e.stream)
+    print(f"\ntensor rate (cuBLAS f16 8192^3) {rate / 1e12:.0f} TFLOP/s; MIN_ROWS {gemm.MIN_ROWS}")
+    h, kvn = cfg.hidden, 2 * cfg.kv_dim
+    x = cp.asarray(rng.standard_normal((4096, n_taps * h), dtype=np.float32))
+    for fmt in [p for p in precisions if p in gemm.FORMATS]:
+        w = GpuTensor.from_bf16_bits(e, _bits(cp, rng, kvn, h), fmt)
+        out = cp.empty((4096, kvn), np.float32)
+        ks = linear.k_splits(e, w)
+        part = cp.empty((ks, 256, kvn), np.float32)
+
+        def decode(m):
+            for r0 in range(0, m, 256):
+                c = min(256, m - r0)
+                linear.project(e, w, x[r0 : r0 + c, :h], c, part, ksplit=ks, split_stride=256 * kvn)
+
+        print(f"{'kv ' + fmt + ' rows':24s} {'decode us':>10s} {'gemm us':>9s}  faster")
+        for m in (64, 128, 160, 192, 256, 384, 512, 1024, 2048, 4096):
+            t_dec = timed_inner(cp, e.stream, lambda: decode(m), repeats) * 1e3
+            t_gem = timed_inner(cp, e.stream, lambda: gemm.matmul(e, w, x[:, :h], m, out), repeats)
+            t_gem *= 1e3
+            best = "gemm" if t_gem < t_dec else "decode"
+            print(f"{m:24d} {t_dec:10.1f} {t_gem:9.1f}  {best}")
+        shapes = [("kv", w, t_gem)]
+        if fmt == "bf16":  # ctx_features' fc: [4096, n_taps*hidden] -> hidden
+            fc = GpuTensor.from_bf16_bits(e, _bits(cp, rng, h, n_taps * h), fmt)
+            y = cp.empty((4096, h), np.float32)
+            t_fc = timed_inner(cp, e.stream, lambda: gemm.matmul(e, fc, x, 4096, y), repeats) * 1e3
+            shapes.append(("fc", fc, t_fc))
+        for name, wt, us in shapes:
+            n, k = wt.out_features, wt.in_features
+            useful, issued = gemm.flops(4096, n, k)
+            nbytes = wt.nbytes + 4096 * k * 4 + 4096 * n * 4
+            t_bytes, t_flop = nbytes / bw * 1e6, useful / rate * 1e6
+            floor = max(t_bytes, t_flop)
+            print(
+                f"GEMM {fmt} {name} [4096x{k}].[{n}x{k}]^T: median {us:.1f} us, floor {floor:.1f} "
+                f"us (bytes {t_bytes:.1f}, FLOP {t_flop:.1f}), ratio {us / floor:.2f}; "
+                f"{useful / us / 1e6:.0f} TFLOP/s useful, {issued / us / 1e6:.0f} issued (hi/lo)"
+            )
+
+
+def _bits(cp, rng, n: int, k: int):
+    """A random [n, k] bf16-bits device matrix with values of about +-0.01."""
+    return cp.asarray(
+        rng.integers(0x3C00, 0x3D00, (n, k), dtype=np.uint16)
+        ^ (rng.integers(0, 2, (n, 1), dtype=np.uint16) << 15)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--preset", default="qwen3-8b-b16", choices=sorted(PRESETS))
     ap.add_argument("--precision", nargs="+", default=["bf16"])
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=100)
+    ap.add_argument("--gemm-only", action="store_true", help="only the ingest GEMM rows")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -68,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         target_layer_ids=(1,),
     )
     b, h, rng = cfg.block_size, cfg.hidden, np.random.default_rng()
+    n_taps = len(g["target_layer_ids"])
+    if args.gemm_only:
+        with e.device, e.stream:
+            bench_gemm(cp, e, cfg, n_taps, args.precision, bw, args.repeats, rng)
+        return 0
     print(
         f"device {e.name}, copy bandwidth {bw / 1e12:.3f} TB/s; {args.preset} geometry, "
         f"M = {b} tokens, ctx {args.ctx}"
@@ -205,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         e.synchronize()
     row("forward_round (GPU, events)", ms * 1e3, d.weight_bytes)
     print(f"forward_round host issue time: median {np.median(host) * 1e6:.0f} us")
+    with e.device, e.stream:
+        bench_gemm(cp, e, cfg, n_taps, args.precision, bw, args.repeats, rng)
     return 0
 
 

@@ -1,0 +1,139 @@
+"""gemm.cu: Y[M, N] = X[M, K] . W[N, K]^T for many rows (context ingest), on the tensor cores in
+128 x 128 tiles with a cp.async ring; bf16 / q8_0 / q4_0 weights (the quants dequantized
+exactly to bf16 in shared memory), f32 activations split hi/lo like the decode kernel
+(linear.cu), one f32 output (no split-K partials: n_split = 1 for the consumers).
+
+Where it is used: `DflashDraft.ingest_ctx` and `ctx_features` take this path when a call brings
+at least MIN_ROWS rows (`use_gemm`); fewer rows, and f32 weights, stay on linear.project. The two
+paths sum in different orders: a row agrees with itself bit for bit on the same path (a row's
+result never depends on the other rows of the call) and to rounding across paths."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import DeviceError, ShapeError
+from ..kernels import Family
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
+    from .linear import GpuTensor
+
+BM = 128  # X rows per block
+BN = 128  # W rows (outputs) per block
+BK = 32  # K per tile: one GGML block
+WARPS = 8
+STAGES = 3  # the cp.async ring; 3 keeps every format under the 99 KiB of sm_89 / sm_120
+XS_LD = 36  # floats per X row in shared memory (32 + 4: conflict-free float4 reads)
+FORMATS = ("bf16", "q8_0", "q4_0")
+_RAW_ROW = {"bf16": 64, "q8_0": 32, "q4_0": 16}  # bytes of a W row per k-tile
+MAX_GRID_Y = 65535
+
+# Rows from which a call takes the GEMM (measured on an H200 at the qwen3-8b kv projection:
+# tools/bench_kernels.py --gemm prints both paths per row count).
+MIN_ROWS = 192
+
+
+
+def smem_bytes(fmt: str) -> int:
+    """Dynamic shared memory of one block: the ring of (X tile, W tile) stages, and for the
+    quantized formats the bf16 tile and the f32 scales (gemm.cu's Layout<FMT>::TOTAL, which
+    static_asserts it equals GEMM_SMEM_<FMT>)."""
+    stage = BM * XS_LD * 4 + BN * _RAW_ROW[fmt]
+    return STAGES * stage + (0 if fmt == "bf16" else BN * 64 + BN * 4)
+
+
+FAMILY = Family(
+    "gemm",
+    {
+        "GEMM_BM": BM,
+        "GEMM_BN": BN,
+        "GEMM_WARPS": WARPS,
+        "GEMM_STAGES": STAGES,
+        "GEMM_XS_LD": XS_LD,
+        **{f"GEMM_SMEM_{fmt.upper()}": smem_bytes(fmt) for fmt in FORMATS},
+    },
+)
+_SIG = (
+    "const unsigned char* W, const unsigned short* scales, const float* X, long long ldx, "
+    "float* Y, long long ldy, int M, int N, int K"
+)
+GEMM = {fmt: FAMILY.kernel(f"gemm_{fmt}", _SIG) for fmt in FORMATS}
+
+
+def fits(rt: Runtime, fmt: str) -> bool:
+    """The GEMM has a kernel for `fmt` and its shared memory fits this device."""
+    return fmt in GEMM and smem_bytes(fmt) <= rt.smem_per_block
+
+
+def use_gemm(rt: Runtime, w: GpuTensor, rows: int) -> bool:
+    """Whether a call projecting `rows` rows through w takes the GEMM (rows >= MIN_ROWS, a
+    format it has, room on the device). Depends on the call's row count only: every row of
+    one call takes the same path."""
+    return rows >= MIN_ROWS and fits(rt, w.fmt)
+
+
+def flops(m: int, n: int, k: int) -> tuple[int, int]:
+    """(useful FLOP 2*M*N*K, tensor-core FLOP issued: two products per term, hi and lo)."""
+    return 2 * m * n * k, 4 * m * n * k
+
+
+def _row_stride(a: Any, name: str, rows: int, cols: int) -> int:
+    """Row stride in floats of a float32 device matrix with >= rows rows of >= cols columns."""
+    if not (hasattr(a, "data") and hasattr(a.data, "ptr")) or a.dtype != np.float32:
+        raise ShapeError(f"{name}: expected a float32 device array")
+    if a.ndim != 2 or a.shape[0] < rows or a.shape[1] < cols:
+        raise ShapeError(
+            f"{name}: expected a 2-D array of at least [{rows}, {cols}], found {list(a.shape)}"
+        )
+    if a.strides[1] != 4 or a.strides[0] % 4:
+        raise ShapeError(f"{name}: columns must be contiguous (strides {a.strides})")
+    return a.strides[0] // 4
+
+
+def matmul(rt: Runtime, w: GpuTensor, x: Any, m: int, out: Any) -> None:
+    """out[:m, :N] = x[:m, :K] . w^T, queued on the current stream. x and out are float32 device
+    matrices with contiguous columns (any row stride; x 16-byte aligned with a row stride that
+    is a multiple of 4 floats: the tiles arrive by 16-byte cp.async)."""
+    if w.fmt not in GEMM:
+        raise ShapeError(f"w: the GEMM takes {FORMATS} weights, found {w.fmt}")
+    if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)) or m < 0:
+        raise ShapeError(f"m must be a non-negative integer, found {m!r}")
+    n, k = w.out_features, w.in_features
+    if k % BK:
+        raise ShapeError(f"w: in_features {k} must be a multiple of {BK}")
+    ldx = _row_stride(x, "x", m, k)
+    ldy = _row_stride(out, "out", m, n)
+    if x.data.ptr % 16 or ldx % 4:
+        raise ShapeError(
+            f"x: must be 16-byte aligned with a row stride that is a multiple of 4 floats "
+            f"(pointer offset {x.data.ptr % 16}, row stride {ldx})"
+        )
+    if w.data.data.ptr % 16:
+        raise ShapeError("w: weight rows must be 16-byte aligned")
+    smem = smem_bytes(w.fmt)
+    if smem > rt.smem_per_block:
+        raise DeviceError(
+            f"gemm {w.fmt}: needs {smem} bytes of shared memory per block, the device offers "
+            f"{rt.smem_per_block}"
+        )
+    step = MAX_GRID_Y * BM  # rows per launch (the grid's y limit)
+    for r0 in range(0, int(m), step):
+        rows = min(step, int(m) - r0)
+        rt.launch(
+            GEMM[w.fmt],
+            (-(-n // BN), -(-rows // BM)),
+            32 * WARPS,
+            smem,
+            W=w.data,
+            scales=w.scales,
+            X=x[r0:] if r0 else x,
+            ldx=ldx,
+            Y=out[r0:] if r0 else out,
+            ldy=ldy,
+            M=rows,
+            N=n,
+            K=k,
+        )
