@@ -1,32 +1,64 @@
 // Non-causal GQA attention over a KV range, split along the keys (flash-decoding) and combined.
 //
-// attn_partial: block (kv head, split) holds every query row of the G = n_head/n_kv query heads
-// sharing that kv head (R = G * n_q rows, row r = gq * n_q + i) and walks its key range in tiles
-// of ATT_T keys: S = Q K^T (scaled, window-masked), online softmax, O += P V, all f32 FFMA.
-// It writes the unnormalised O and the running (max, sum) of each row for the split.
-// attn_combine merges the splits: out[i, h*hd + d] = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s.
+// attn_partial*: block (kv head, split) holds every query row of the G = n_head/n_kv query heads
+// sharing that kv head (R = G * n_q rows, row r = gq * n_q + i) and walks its key range in tiles:
+// S = Q K^T (scaled, window-masked), online softmax, O += P V. It writes the unnormalised O and
+// the running (max, sum) of each row for the split. attn_combine merges the splits:
+// out[i, h*hd + d] = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s.
 //
-// Thread tiles (256 threads): the S phase gives thread (tr, tc) = (tid / 16, tid % 16) the rows
-// tr*RPT .. +RPT-1 and the keys tc + 16c (c < 4): RPT x 4 scores from RPT + 4 float4 loads per
-// 4 dims. The P.V phase gives thread (rg, cg) = (tid / (hd/4), tid % (hd/4)) the ORPT contiguous
-// rows rg*ORPT.. and dims 4cg..4cg+3. Row strides are padded by 4 floats (no bank conflicts).
+// Keys: the logical rows [k_lo, n) with n = n_keys (+ *n_keys_base: the DflashKv length, read on
+// the device so a captured graph stays valid as it grows) and k_lo = n - key_window when
+// key_window > 0 (a sliding layer's ring holds only its window's rows), else 0. Logical row j
+// lives in K/V row j % ring (ring > 0: a ring buffer) or j, row stride ldkv elements, kv head h
+// at column h*hd; its position is kpos[j] (never a ring). K/V are float32 or bf16 bits.
+// The split cut depends on the key range only, never on the grid, so every path that sees the
+// same keys sums them in the same order; blocks past the last split write empty partials.
 //
 // Window: query at position p sees key at position j iff window == 0 or |p - j| <= window - 1.
 // Causal (causal_rows = b > 0, the is_causal drafters): the last b keys are the block's own
 // rows, and query row i (q_row0 + row in this launch) sees block key j only when j <= i.
-// Keys are rows [0, n_keys) of K/V (row stride ldkv floats, kv head h at column h*hd).
-// hd is a power of two in [16, 256]; R <= 16 * RPT; ORPT = max(1, 16*RPT / (1024/hd)).
+//
+// FFMA partials (the f32 precision with f32 K/V, and head_dim 256), 256 threads: the S phase
+// gives thread (tr, tc) = (tid / 16, tid % 16) the rows tr*RPT .. +RPT-1 and the keys tc + 16c
+// (c < 4); the P.V phase gives thread (rg, cg) = (tid / (hd/4), tid % (hd/4)) the ORPT
+// contiguous rows rg*ORPT.. and dims 4cg..4cg+3. Row strides are padded by 16 bytes (no bank
+// conflicts). hd is a power of two in [16, 256]; R <= 16 * RPT; ORPT = max(1, 16*RPT / (1024/hd)).
 // K/V tiles arrive by cp.async, all of a tile's copies in flight at once; with stages == 2 the
 // next tile streams in while this one is computed (double buffering).
 #include "common.cuh"
 
 // From pydflash/ops/attention.py: keys per FFMA tile, threads of the FFMA kernel, keys per
-// tensor-core tile.
+// tensor-core tile, K/V tiles in flight in the bf16 tensor-core kernel.
 PYDFLASH_REQUIRE(ATT_T);
 PYDFLASH_REQUIRE(ATT_THREADS);
 PYDFLASH_REQUIRE(ATT_TC_T);
+PYDFLASH_REQUIRE(ATT_TC_STAGES);
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// The logical key range [k_begin, k_end) of split blockIdx.y (see the header); n = all keys.
+__device__ __forceinline__ void key_range(int n_keys, const int* n_keys_base, int key_window,
+                                          int unit, int n_splits, int& n, int& k_begin,
+                                          int& k_end) {
+    n = n_keys + (n_keys_base != nullptr ? *n_keys_base : 0);
+    const int k_lo = key_window > 0 ? max(0, n - key_window) : 0;
+    split_range(n - k_lo, unit, n_splits, blockIdx.y, k_begin, k_end);
+    k_begin += k_lo;
+    k_end += k_lo;
+}
+
+// The K/V row of logical key j.
+__device__ __forceinline__ long long kv_row(int j, int ring) { return ring > 0 ? j % ring : j; }
+
+// Four consecutive K/V elements of a shared tile as floats (8 bytes of bf16 or 16 of f32).
+__device__ __forceinline__ float4 load4(const float* p) {
+    return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 load4(const bf16_bits* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
 
 // c += A.B with both operands split in bf16 halves: hi.hi + hi.lo + lo.hi (lo.lo, ~2^-16 of
 // the product, dropped). B's fragment pairs come from shared memory at off and off + 8 of the
@@ -43,32 +75,39 @@ __device__ __forceinline__ void mma_split3(float (&c)[4], const unsigned (&a_hi)
     mma_bf16(c, a_lo, bh0, bh1);
 }
 
-template <int RPT, int ORPT>
+// Four 8x8 b16 matrices from shared memory, transposed: lanes 8m..8m+7 give the row addresses
+// of matrix m; register m of lane (g, t) = lane (4g + t) holds matrix m's elements
+// (row 2t, column g) and (row 2t + 1, column g): from a row-major [key][dim] tile, the
+// col-major B fragment of a k16 x n8 MMA.
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const void* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+template <int RPT, int ORPT, typename T>
 __device__ __forceinline__ void attn_partial_impl(
-    const float* __restrict__ q, long long ldq, const float* __restrict__ K,
-    const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
-    const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
-    int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0, float scale, int stages,
-    float* __restrict__ o_part, float* __restrict__ ml_part) {
-    // keys = n_keys (+ *n_keys_base: the DflashKv length, read on the device so a captured
-    // graph stays valid as it grows), cut into min(n_splits, tiles) splits of whole tiles. The
-    // cut depends on the key count only, never on the grid, so every path that sees the same
-    // keys sums them in the same order; blocks past the last split write empty partials.
-    if (n_keys_base != nullptr) n_keys += *n_keys_base;
-    int k_begin, k_end;
-    split_range(n_keys, ATT_T, n_splits, blockIdx.y, k_begin, k_end);
+    const float* __restrict__ q, long long ldq, const T* __restrict__ K, const T* __restrict__ V,
+    long long ldkv, const int* __restrict__ qpos, const int* __restrict__ kpos, int n_q, int n_keys,
+    const int* n_keys_base, int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows,
+    int q_row0, float scale, int stages, int ring, int key_window, float* __restrict__ o_part,
+    float* __restrict__ ml_part) {
+    int n, k_begin, k_end;
+    key_range(n_keys, n_keys_base, key_window, ATT_T, n_splits, n, k_begin, k_end);
     extern __shared__ float4 smem4[];
-    float* smem = reinterpret_cast<float*>(smem4);
     constexpr int RP = 16 * RPT;
+    constexpr int EPC = 16 / sizeof(T);  // elements of a 16-byte copy
     const int G = n_head / n_kv, R = G * n_q;
     const int kvh = blockIdx.x, split = blockIdx.y;
-    const int hs = hd + 4;                     // padded row stride (floats) of Q, K, V tiles
-    float* Qs = smem;                          // [RP][hs]
-    float* Kbuf = Qs + RP * hs;                // [stages][ATT_T][hs]
-    float* Vbuf = Kbuf + stages * ATT_T * hs;  // [stages][ATT_T][hs]
-    float* Ps = Vbuf + stages * ATT_T * hs;    // [ATT_T][RP]
-    float* alpha_s = Ps + ATT_T * RP;          // [RP]
-    int* kpos_buf = reinterpret_cast<int*>(alpha_s + RP);  // [stages][ATT_T]
+    const int hs = hd + 4;    // padded row stride (floats) of the Q tile
+    const int hk = hd + EPC;  // padded row stride (elements) of the K and V tiles
+    float* Qs = reinterpret_cast<float*>(smem4);                       // [RP][hs]
+    T* Kbuf = reinterpret_cast<T*>(Qs + RP * hs);                      // [stages][ATT_T][hk]
+    T* Vbuf = Kbuf + stages * ATT_T * hk;                              // [stages][ATT_T][hk]
+    float* Ps = reinterpret_cast<float*>(Vbuf + stages * ATT_T * hk);  // [ATT_T][RP]
+    float* alpha_s = Ps + ATT_T * RP;                                  // [RP]
+    int* kpos_buf = reinterpret_cast<int*>(alpha_s + RP);              // [stages][ATT_T]
     const int tid = threadIdx.x;
     const int hd4 = hd >> 2;
 
@@ -90,7 +129,7 @@ __device__ __forceinline__ void attn_partial_impl(
         my_qpos[i] = r < R ? qpos[r % n_q] : 0;
         my_qrow[i] = q_row0 + (r < R ? r % n_q : 0);
     }
-    const int first_block_key = n_keys - causal_rows;  // causal: the block rows' keys
+    const int first_block_key = n - causal_rows;  // causal: the block rows' keys
     float m_run[RPT], l_run[RPT];
 #pragma unroll
     for (int i = 0; i < RPT; ++i) {
@@ -107,16 +146,17 @@ __device__ __forceinline__ void attn_partial_impl(
 
     // Issue every copy of the tile starting at key kt into buffer `buf` (zero-filled past k_end).
     auto load_tile = [&](int kt, int buf) {
-        float* Kd = Kbuf + buf * ATT_T * hs;
-        float* Vd = Vbuf + buf * ATT_T * hs;
-        for (int idx = tid; idx < ATT_T * hd4; idx += ATT_THREADS) {
-            const int j = idx / hd4, c = idx % hd4;
+        T* Kd = Kbuf + buf * ATT_T * hk;
+        T* Vd = Vbuf + buf * ATT_T * hk;
+        const int chunks = hd / EPC;
+        for (int idx = tid; idx < ATT_T * chunks; idx += ATT_THREADS) {
+            const int j = idx / chunks, c = idx % chunks;
             const int key = kt + j;
             const bool ok = key < k_end;
             const long long off =
-                (long long)(ok ? key : k_begin) * ldkv + (long long)kvh * hd + 4 * c;
-            cp_async16(Kd + j * hs + 4 * c, K + off, ok);
-            cp_async16(Vd + j * hs + 4 * c, V + off, ok);
+                kv_row(ok ? key : k_begin, ring) * ldkv + (long long)kvh * hd + EPC * c;
+            cp_async16(Kd + j * hk + EPC * c, K + off, ok);
+            cp_async16(Vd + j * hk + EPC * c, V + off, ok);
         }
         if (tid < ATT_T) {
             const bool ok = kt + tid < k_end;
@@ -138,8 +178,8 @@ __device__ __forceinline__ void attn_partial_impl(
             cp_async_wait<0>();
         }
         __syncthreads();  // this tile (and Q, the first time) visible to every thread
-        const float* Ks = Kbuf + buf * ATT_T * hs;
-        const float* Vs = Vbuf + buf * ATT_T * hs;
+        const T* Ks = Kbuf + buf * ATT_T * hk;
+        const T* Vs = Vbuf + buf * ATT_T * hk;
         const int* kpos_s = kpos_buf + buf * ATT_T;
 
         // S = Q K^T for rows tr*RPT.., keys tc + 16c
@@ -151,8 +191,7 @@ __device__ __forceinline__ void attn_partial_impl(
         for (int d = 0; d < hd; d += 4) {
             float4 kk[4];
 #pragma unroll
-            for (int c = 0; c < 4; ++c)
-                kk[c] = *reinterpret_cast<const float4*>(Ks + (tc + 16 * c) * hs + d);
+            for (int c = 0; c < 4; ++c) kk[c] = load4(Ks + (tc + 16 * c) * hk + d);
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const float4 qv = *reinterpret_cast<const float4*>(Qs + (tr * RPT + i) * hs + d);
@@ -208,7 +247,7 @@ __device__ __forceinline__ void attn_partial_impl(
                 acc[k].w *= a;
             }
             for (int j = 0; j < ATT_T; ++j) {
-                const float4 v = reinterpret_cast<const float4*>(Vs + j * hs)[cg];
+                const float4 v = load4(Vs + j * hk + 4 * cg);
                 float p[ORPT];
                 if constexpr (ORPT % 4 == 0) {
 #pragma unroll
@@ -267,50 +306,181 @@ __device__ __forceinline__ void attn_partial_impl(
     }
 }
 
-#define ATT_ENTRY(RPT, ORPT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_partial_r##RPT##_o##ORPT(   \
-        const float* q, long long ldq, const float* K, const float* V, long long ldkv,         \
-        const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base,         \
-        int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0,   \
-        float scale, int stages, float* o_part, float* ml_part) {                              \
-        attn_partial_impl<RPT, ORPT>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base, \
-                                     n_splits, n_head, n_kv, hd, window, causal_rows, q_row0,  \
-                                     scale, stages, o_part, ml_part);                          \
+#define ATT_ENTRY(NAME, T, RPT, ORPT)                                                             \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) NAME##_r##RPT##_o##ORPT(            \
+        const float* q, long long ldq, const T* K, const T* V, long long ldkv, const int* qpos,   \
+        const int* kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits, int n_head,   \
+        int n_kv, int hd, int window, int causal_rows, int q_row0, float scale, int stages,       \
+        int ring, int key_window, float* o_part, float* ml_part) {                                \
+        attn_partial_impl<RPT, ORPT, T>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base, \
+                                        n_splits, n_head, n_kv, hd, window, causal_rows, q_row0,  \
+                                        scale, stages, ring, key_window, o_part, ml_part);        \
     }
-// ORPT = max(1, 16*RPT*hd/1024) for hd in 16..256
-ATT_ENTRY(1, 1)
-ATT_ENTRY(1, 2)
-ATT_ENTRY(1, 4)
-ATT_ENTRY(2, 1)
-ATT_ENTRY(2, 2)
-ATT_ENTRY(2, 4)
-ATT_ENTRY(2, 8)
-ATT_ENTRY(4, 1)
-ATT_ENTRY(4, 2)
-ATT_ENTRY(4, 4)
-ATT_ENTRY(4, 8)
-ATT_ENTRY(4, 16)
-ATT_ENTRY(8, 1)
-ATT_ENTRY(8, 2)
-ATT_ENTRY(8, 4)
-ATT_ENTRY(8, 8)
-ATT_ENTRY(8, 16)
-ATT_ENTRY(8, 32)
+// f32 K/V: ORPT = max(1, 16*RPT*hd/1024) for hd in 16..256
+ATT_ENTRY(attn_partial, float, 1, 1)
+ATT_ENTRY(attn_partial, float, 1, 2)
+ATT_ENTRY(attn_partial, float, 1, 4)
+ATT_ENTRY(attn_partial, float, 2, 1)
+ATT_ENTRY(attn_partial, float, 2, 2)
+ATT_ENTRY(attn_partial, float, 2, 4)
+ATT_ENTRY(attn_partial, float, 2, 8)
+ATT_ENTRY(attn_partial, float, 4, 1)
+ATT_ENTRY(attn_partial, float, 4, 2)
+ATT_ENTRY(attn_partial, float, 4, 4)
+ATT_ENTRY(attn_partial, float, 4, 8)
+ATT_ENTRY(attn_partial, float, 4, 16)
+ATT_ENTRY(attn_partial, float, 8, 1)
+ATT_ENTRY(attn_partial, float, 8, 2)
+ATT_ENTRY(attn_partial, float, 8, 4)
+ATT_ENTRY(attn_partial, float, 8, 8)
+ATT_ENTRY(attn_partial, float, 8, 16)
+ATT_ENTRY(attn_partial, float, 8, 32)
+// bf16 K/V take the FFMA path at head_dim 256 only (ORPT = 4 * RPT); below, the tensor cores
+ATT_ENTRY(attn_partial_bf16, bf16_bits, 1, 4)
+ATT_ENTRY(attn_partial_bf16, bf16_bits, 2, 8)
+ATT_ENTRY(attn_partial_bf16, bf16_bits, 4, 16)
+ATT_ENTRY(attn_partial_bf16, bf16_bits, 8, 32)
 
-// attn_partial_tc: the same partials on the tensor cores (drafter precisions other than f32).
-// Warp w owns the 16 query rows 16w.. (W = RP/16 warps). Q lives in registers as bf16 hi/lo
-// A fragments; each K/V tile arrives in f32 by cp.async, is split once into bf16 hi/lo (K
-// row-major, V transposed) and the next tile's copies start while this one is computed.
-// S = Q K^T and O += P V take three MMAs per product (hi.hi + hi.lo + lo.hi): ~16-bit inputs,
-// f32 accumulation. The softmax runs on the S accumulators, whose layout is the A layout of P.
-// Tiles of ATT_TC_T = 32 keys keep the block at ~72 KB of shared memory: three blocks per SM.
+// -- tensor-core partials (every precision but f32, head_dim <= 128) ---------------------------
+// Warp w owns the 16 query rows 16w.. (W = RP/16 warps). Q lives in registers as bf16 hi/lo A
+// fragments (~16 mantissa bits). The softmax runs on the S accumulators, whose layout is the A
+// layout of P. Keys come in tiles of ATT_TC_T = 32.
+
+// Q's A fragments (hi and lo halves) of this warp's rows rg = 16*warp + g and rg + 8, with what
+// the mask needs of those rows.
+template <int HD>
+struct TcRows {
+    unsigned qa_hi[HD / 16][4], qa_lo[HD / 16][4];
+    int qp[2], qidx[2];
+    bool ok[2];
+
+    __device__ __forceinline__ void load(const float* q, long long ldq, const int* qpos, int n_q,
+                                         int R, int G, int kvh, int q_row0) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+        const float* qrow[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = 16 * warp + g + 8 * h;
+            ok[h] = r < R;
+            const int gq = ok[h] ? r / n_q : 0, i = ok[h] ? r % n_q : 0;
+            qp[h] = qpos[i];
+            qidx[h] = q_row0 + i;
+            qrow[h] = q + (long long)i * ldq + (long long)(kvh * G + gq) * HD;
+        }
+#pragma unroll
+        for (int s = 0; s < HD / 16; ++s) {
+            // a0a1: (g, 2t) a2a3: (g+8, 2t) a4a5: (g, 2t+8) a6a7: (g+8, 2t+8)
+#pragma unroll
+            for (int part = 0; part < 4; ++part) {
+                const int h = part & 1, col = 16 * s + 2 * t + 8 * (part >> 1);
+                float2 v = make_float2(0.f, 0.f);
+                if (ok[h]) v = *reinterpret_cast<const float2*>(qrow[h] + col);
+                split2(v.x, v.y, qa_hi[s][part], qa_lo[s][part]);
+            }
+        }
+    }
+};
+
+// Mask and online softmax of one tile's scores (S accumulators of NS n-tiles of 8 keys: c0,c1
+// -> row g, keys 8j+2t, +1; c2,c3 -> row g+8), leaving P in sacc, O rescaled.
+template <int NS, int ND, int HD>
+__device__ __forceinline__ void tc_softmax(float (&sacc)[NS][4], float (&o)[ND][4],
+                                           float (&m_run)[2], float (&l_run)[2],
+                                           const TcRows<HD>& rows, const int* kpos_s, int kt,
+                                           int k_end, int window, int causal_rows,
+                                           int first_block_key, float scale) {
+    const int t = threadIdx.x & 3;
+    float mt[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1, key = 8 * j + 2 * t + (e & 1);
+            bool ok = kt + key < k_end && rows.ok[h];
+            if (ok && window > 0) ok = abs(rows.qp[h] - kpos_s[key]) <= window - 1;
+            if (ok && causal_rows > 0) ok = kt + key - first_block_key <= rows.qidx[h];
+            sacc[j][e] = ok ? sacc[j][e] * scale : neg_inf();
+            mt[h] = fmaxf(mt[h], sacc[j][e]);
+        }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+        const float m_new = fmaxf(m_run[h], mt[h]);
+        alpha[h] = m_new == neg_inf() ? 1.f : expf(m_run[h] - m_new);
+        m_run[h] = m_new;
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1;
+            sacc[j][e] = m_run[h] == neg_inf() ? 0.f : expf(sacc[j][e] - m_run[h]);
+            rs[h] += sacc[j][e];
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + rs[h];  // per-thread part
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
+// P's hi/lo A fragments for k-step s (keys 16s..16s+15) from the S accumulators.
+template <int NS>
+__device__ __forceinline__ void p_fragments(const float (&sacc)[NS][4], int s, unsigned (&hi)[4],
+                                            unsigned (&lo)[4]) {
+    split2(sacc[2 * s][0], sacc[2 * s][1], hi[0], lo[0]);
+    split2(sacc[2 * s][2], sacc[2 * s][3], hi[1], lo[1]);
+    split2(sacc[2 * s + 1][0], sacc[2 * s + 1][1], hi[2], lo[2]);
+    split2(sacc[2 * s + 1][2], sacc[2 * s + 1][3], hi[3], lo[3]);
+}
+
+// Row sums across the 4 lanes of a row; the partials out as attn_partial writes them.
+template <int ND, int HD>
+__device__ __forceinline__ void tc_store(const float (&o)[ND][4], const float (&m_run)[2],
+                                         const float (&l_run)[2], int n_q, int n_head, int G, int R,
+                                         int kvh, int split, float* o_part, float* ml_part) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long split_rows = (long long)n_head * n_q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_run[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int r = 16 * warp + g + 8 * h;
+        if (r >= R) continue;
+        const int gq = r / n_q, i = r % n_q;
+        const long long row = (long long)split * split_rows + (long long)(kvh * G + gq) * n_q + i;
+#pragma unroll
+        for (int n = 0; n < ND; ++n)
+            *reinterpret_cast<float2*>(o_part + row * HD + 8 * n + 2 * t) =
+                make_float2(o[n][2 * h], o[n][2 * h + 1]);
+        if (t == 0) {
+            ml_part[row * 2] = m_run[h];
+            ml_part[row * 2 + 1] = l;
+        }
+    }
+}
+
+// f32 K/V: each tile arrives in f32 by cp.async, is split once into bf16 hi/lo (K row-major, V
+// transposed) and the next tile's copies start while this one is computed. S = Q K^T and
+// O += P V take three MMAs per product (hi.hi + hi.lo + lo.hi): ~16-bit inputs, f32
+// accumulation. ~72 KB of shared memory: three blocks per SM.
 template <int HD, int W>
 __device__ __forceinline__ void attn_partial_tc_impl(
     const float* __restrict__ q, long long ldq, const float* __restrict__ K,
     const float* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
     const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
-    int n_head, int n_kv, int window, int causal_rows, int q_row0, float scale,
-    float* __restrict__ o_part, float* __restrict__ ml_part) {
+    int n_head, int n_kv, int window, int causal_rows, int q_row0, float scale, int ring,
+    int key_window, float* __restrict__ o_part, float* __restrict__ ml_part) {
     constexpr int TT = ATT_TC_T;  // keys per tile
     constexpr int KS = HD / 16;   // k-steps of S over the head dim
     constexpr int NS = TT / 8;    // n-tiles of S over the keys
@@ -328,12 +498,11 @@ __device__ __forceinline__ void attn_partial_tc_impl(
     int* kpos_f = reinterpret_cast<int*>(Vlo + HD * VS);  // [TT] (arriving)
     int* kpos_s = kpos_f + TT;                            // [TT] (current)
 
-    if (n_keys_base != nullptr) n_keys += *n_keys_base;
-    int k_begin, k_end;
-    split_range(n_keys, TT, n_splits, blockIdx.y, k_begin, k_end);
+    int n, k_begin, k_end;
+    key_range(n_keys, n_keys_base, key_window, TT, n_splits, n, k_begin, k_end);
     const int G = n_head / n_kv, R = G * n_q;
     const int kvh = blockIdx.x, split = blockIdx.y;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
     auto load_tile = [&](int kt) {
@@ -342,7 +511,7 @@ __device__ __forceinline__ void attn_partial_tc_impl(
             const int key = kt + j;
             const bool ok = key < k_end;
             const long long off =
-                (long long)(ok ? key : k_begin) * ldkv + (long long)kvh * HD + 4 * c;
+                kv_row(ok ? key : k_begin, ring) * ldkv + (long long)kvh * HD + 4 * c;
             cp_async16(Kf + j * FS + 4 * c, K + off, ok);
             cp_async16(Vf + j * FS + 4 * c, V + off, ok);
         }
@@ -354,35 +523,12 @@ __device__ __forceinline__ void attn_partial_tc_impl(
     };
     if (k_begin < k_end) load_tile(k_begin);
 
-    // this warp's query rows: rg = 16*warp + g and rg + 8
-    int qp[2], qidx[2];
-    bool row_ok[2];
-    const int first_block_key = n_keys - causal_rows;  // causal: the block rows' keys
-    const float* qrow[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = 16 * warp + g + 8 * h;
-        row_ok[h] = r < R;
-        const int gq = row_ok[h] ? r / n_q : 0, i = row_ok[h] ? r % n_q : 0;
-        qp[h] = qpos[i];
-        qidx[h] = q_row0 + i;
-        qrow[h] = q + (long long)i * ldq + (long long)(kvh * G + gq) * HD;
-    }
-    unsigned qa_hi[KS][4], qa_lo[KS][4];
-#pragma unroll
-    for (int s = 0; s < KS; ++s) {
-#pragma unroll
-        for (int part = 0; part < 4;
-             ++part) {  // a0a1: (g, 2t) a2a3: (g+8, 2t) a4a5: (g, 2t+8) a6a7
-            const int h = part & 1, col = 16 * s + 2 * t + 8 * (part >> 1);
-            float2 v = make_float2(0.f, 0.f);
-            if (row_ok[h]) v = *reinterpret_cast<const float2*>(qrow[h] + col);
-            split2(v.x, v.y, qa_hi[s][part], qa_lo[s][part]);
-        }
-    }
+    TcRows<HD> rows;
+    rows.load(q, ldq, qpos, n_q, R, G, kvh, q_row0);
+    const int first_block_key = n - causal_rows;  // causal: the block rows' keys
     float o[ND][4];
 #pragma unroll
-    for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int i = 0; i < ND; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
 
     for (int kt = k_begin; kt < k_end; kt += TT) {
@@ -416,60 +562,17 @@ __device__ __forceinline__ void attn_partial_tc_impl(
         for (int s = 0; s < KS; ++s) {
 #pragma unroll
             for (int j = 0; j < NS; ++j) {
-                mma_split3(sacc[j], qa_hi[s], qa_lo[s], Khi, Klo,
+                mma_split3(sacc[j], rows.qa_hi[s], rows.qa_lo[s], Khi, Klo,
                            (8 * j + g) * BS + 16 * s + 2 * t);
             }
         }
-        // mask + online softmax; c0,c1 -> row g, keys 8j+2t, +1; c2,c3 -> row g+8
-        float mt[2] = {neg_inf(), neg_inf()};
-#pragma unroll
-        for (int j = 0; j < NS; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = e >> 1, key = 8 * j + 2 * t + (e & 1);
-                bool ok = kt + key < k_end && row_ok[h];
-                if (ok && window > 0) ok = abs(qp[h] - kpos_s[key]) <= window - 1;
-                if (ok && causal_rows > 0) ok = kt + key - first_block_key <= qidx[h];
-                sacc[j][e] = ok ? sacc[j][e] * scale : neg_inf();
-                mt[h] = fmaxf(mt[h], sacc[j][e]);
-            }
-        }
-        float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
-            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
-            const float m_new = fmaxf(m_run[h], mt[h]);
-            alpha[h] = m_new == neg_inf() ? 1.f : expf(m_run[h] - m_new);
-            m_run[h] = m_new;
-        }
-        float rs[2] = {0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < NS; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = e >> 1;
-                sacc[j][e] = m_run[h] == neg_inf() ? 0.f : expf(sacc[j][e] - m_run[h]);
-                rs[h] += sacc[j][e];
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + rs[h];  // per-thread part
-#pragma unroll
-        for (int n = 0; n < ND; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-        }
+        tc_softmax(sacc, o, m_run, l_run, rows, kpos_s, kt, k_end, window, causal_rows,
+                   first_block_key, scale);
         // O += P V: k-steps of 16 keys; P's A fragment = S accumulators of n-tiles 2s, 2s+1
 #pragma unroll
         for (int s = 0; s < TT / 16; ++s) {
             unsigned pa_hi[4], pa_lo[4];
-            split2(sacc[2 * s][0], sacc[2 * s][1], pa_hi[0], pa_lo[0]);
-            split2(sacc[2 * s][2], sacc[2 * s][3], pa_hi[1], pa_lo[1]);
-            split2(sacc[2 * s + 1][0], sacc[2 * s + 1][1], pa_hi[2], pa_lo[2]);
-            split2(sacc[2 * s + 1][2], sacc[2 * s + 1][3], pa_hi[3], pa_lo[3]);
+            p_fragments(sacc, s, pa_hi, pa_lo);
 #pragma unroll
             for (int n = 0; n < ND; ++n) {
                 mma_split3(o[n], pa_hi, pa_lo, Vhi, Vlo, (8 * n + g) * VS + 16 * s + 2 * t);
@@ -477,62 +580,180 @@ __device__ __forceinline__ void attn_partial_tc_impl(
         }
     }
     cp_async_wait<0>();
-
-    // row sums across the 4 lanes of a row; partials out like attn_partial
-    const long long split_rows = (long long)n_head * n_q;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = l_run[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int r = 16 * warp + g + 8 * h;
-        if (r >= R) continue;
-        const int gq = r / n_q, i = r % n_q;
-        const long long row = (long long)split * split_rows + (long long)(kvh * G + gq) * n_q + i;
-#pragma unroll
-        for (int n = 0; n < ND; ++n)
-            *reinterpret_cast<float2*>(o_part + row * HD + 8 * n + 2 * t) =
-                make_float2(o[n][2 * h], o[n][2 * h + 1]);
-        if (t == 0) {
-            ml_part[row * 2] = m_run[h];
-            ml_part[row * 2 + 1] = l;
-        }
-    }
+    tc_store<ND, HD>(o, m_run, l_run, n_q, n_head, G, R, kvh, split, o_part, ml_part);
 }
 
-#define ATT_TC_ENTRY(HD, W)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * W) attn_partial_tc_h##HD##_w##W(          \
-        const float* q, long long ldq, const float* K, const float* V, long long ldkv,          \
-        const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base,          \
-        int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, int q_row0,    \
-        float scale, int stages, float* o_part, float* ml_part) {                               \
-        attn_partial_tc_impl<HD, W>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base,   \
-                                    n_splits, n_head, n_kv, window, causal_rows, q_row0, scale, \
-                                    o_part, ml_part);                                           \
+// bf16 K/V: the tiles arrive as they are stored, by cp.async in an ATT_TC_STAGES-deep ring of
+// tile buffers (row-major [key][dim], rows padded by 16 bytes: conflict-free fragment loads),
+// and feed the MMAs directly: K's B fragments by 32-bit shared loads, V's by ldmatrix.trans.
+// bf16 K/V are exact MMA operands, so S = q_hi.k + q_lo.k and O += p_hi.v + p_lo.v: two MMAs
+// a product.
+template <int HD, int W>
+__device__ __forceinline__ void attn_partial_tcb_impl(
+    const float* __restrict__ q, long long ldq, const bf16_bits* __restrict__ K,
+    const bf16_bits* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
+    const int* __restrict__ kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits,
+    int n_head, int n_kv, int window, int causal_rows, int q_row0, float scale, int ring,
+    int key_window, float* __restrict__ o_part, float* __restrict__ ml_part) {
+    constexpr int TT = ATT_TC_T, ST = ATT_TC_STAGES;
+    constexpr int KS = HD / 16, NS = TT / 8, ND = HD / 8;
+    constexpr int BS = HD + 8;   // tile row stride (elements)
+    constexpr int CPR = HD / 8;  // 16-byte copies per row
+    extern __shared__ float4 smem4[];
+    bf16_bits* Kt = reinterpret_cast<bf16_bits*>(smem4);  // [ST][TT][BS]
+    bf16_bits* Vt = Kt + ST * TT * BS;                    // [ST][TT][BS]
+    int* kp = reinterpret_cast<int*>(Vt + ST * TT * BS);  // [ST][TT]
+
+    int n, k_begin, k_end;
+    key_range(n_keys, n_keys_base, key_window, TT, n_splits, n, k_begin, k_end);
+    const int n_tiles = k_end > k_begin ? (k_end - k_begin + TT - 1) / TT : 0;
+    const int G = n_head / n_kv, R = G * n_q;
+    const int kvh = blockIdx.x, split = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+
+    // tile `tile` of this split -> buffer tile % ST (zero-filled past k_end); no commit
+    auto load_tile = [&](int tile) {
+        const int kt = k_begin + tile * TT, slot = tile % ST;
+        bf16_bits* Kd = Kt + slot * TT * BS;
+        bf16_bits* Vd = Vt + slot * TT * BS;
+        for (int idx = tid; idx < TT * CPR; idx += 32 * W) {
+            const int j = idx / CPR, c = idx % CPR;
+            const bool ok = kt + j < k_end;
+            const long long off =
+                kv_row(ok ? kt + j : k_begin, ring) * ldkv + (long long)kvh * HD + 8 * c;
+            cp_async16(Kd + j * BS + 8 * c, K + off, ok);
+            cp_async16(Vd + j * BS + 8 * c, V + off, ok);
+        }
+        for (int j = tid; j < TT; j += 32 * W) {
+            const bool ok = kt + j < k_end;
+            cp_async4(kp + slot * TT + j, kpos + (ok ? kt + j : k_begin), ok);
+        }
+    };
+    // ST - 1 tiles in flight before the first is used (one group each, empty past the end)
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) {
+        if (s < n_tiles) load_tile(s);
+        cp_async_commit();
     }
-#define ATT_TC_ENTRIES(HD) \
-    ATT_TC_ENTRY(HD, 1) ATT_TC_ENTRY(HD, 2) ATT_TC_ENTRY(HD, 4) ATT_TC_ENTRY(HD, 8)
+
+    TcRows<HD> rows;
+    rows.load(q, ldq, qpos, n_q, R, G, kvh, q_row0);
+    const int first_block_key = n - causal_rows;  // causal: the block rows' keys
+    float o[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
+
+    for (int it = 0; it < n_tiles; ++it) {
+        cp_async_wait<ST - 2>();  // groups 0..it complete: tile it landed (this thread's part)
+        __syncthreads();  // ... every thread's part; and every warp is done with tile it - 1
+        if (it + ST - 1 < n_tiles) load_tile(it + ST - 1);  // into tile it - 1's buffer
+        cp_async_commit();
+        const int kt = k_begin + it * TT, slot = it % ST;
+        const bf16_bits* Ks = Kt + slot * TT * BS;
+        const bf16_bits* Vs = Vt + slot * TT * BS;
+
+        // S = Q K^T: B fragment of n-tile j, k-step s = K[8j+g][16s+2t, +1] and [.. +8, +9]
+        float sacc[NS][4];
+#pragma unroll
+        for (int j = 0; j < NS; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                const bf16_bits* kb = Ks + (8 * j + g) * BS + 16 * s + 2 * t;
+                const unsigned b0 = *reinterpret_cast<const unsigned*>(kb);
+                const unsigned b1 = *reinterpret_cast<const unsigned*>(kb + 8);
+                mma_bf16(sacc[j], rows.qa_hi[s], b0, b1);
+                mma_bf16(sacc[j], rows.qa_lo[s], b0, b1);
+            }
+        }
+        tc_softmax(sacc, o, m_run, l_run, rows, kp + slot * TT, kt, k_end, window, causal_rows,
+                   first_block_key, scale);
+        // O += P V: per k-step of 16 keys, ldmatrix.trans gives the B fragments of two n-tiles
+        // (lanes 0-7: keys 0-7 / dims 8n..; 8-15: keys 8-15; 16-23, 24-31: dims 8n+8..)
+#pragma unroll
+        for (int s = 0; s < TT / 16; ++s) {
+            unsigned pa_hi[4], pa_lo[4];
+            p_fragments(sacc, s, pa_hi, pa_lo);
+#pragma unroll
+            for (int nt = 0; nt < ND; nt += 2) {
+                unsigned vb[4];
+                ldsm_x4_trans(vb, Vs + (16 * s + (lane & 15)) * BS + 8 * (nt + (lane >> 4)));
+                mma_bf16(o[nt], pa_hi, vb[0], vb[1]);
+                mma_bf16(o[nt], pa_lo, vb[0], vb[1]);
+                mma_bf16(o[nt + 1], pa_hi, vb[2], vb[3]);
+                mma_bf16(o[nt + 1], pa_lo, vb[2], vb[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    tc_store<ND, HD>(o, m_run, l_run, n_q, n_head, G, R, kvh, split, o_part, ml_part);
+}
+
+#define ATT_TC_ENTRY(NAME, IMPL, T, HD, W)                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * W) NAME##_h##HD##_w##W(                     \
+        const float* q, long long ldq, const T* K, const T* V, long long ldkv, const int* qpos,   \
+        const int* kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits, int n_head,   \
+        int n_kv, int hd, int window, int causal_rows, int q_row0, float scale, int stages,       \
+        int ring, int key_window, float* o_part, float* ml_part) {                                \
+        IMPL<HD, W>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base, n_splits, n_head,   \
+                    n_kv, window, causal_rows, q_row0, scale, ring, key_window, o_part, ml_part); \
+    }
+#define ATT_TC_ENTRIES(HD)                                                  \
+    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 1)       \
+    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 2)       \
+    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 4)       \
+    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 8)       \
+    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_impl, bf16_bits, HD, 1) \
+    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_impl, bf16_bits, HD, 2) \
+    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_impl, bf16_bits, HD, 4) \
+    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_impl, bf16_bits, HD, 8)
 ATT_TC_ENTRIES(16)
 ATT_TC_ENTRIES(32)
 ATT_TC_ENTRIES(64)
 ATT_TC_ENTRIES(128)
 
-// One block per (head, query), hd threads (hd <= 1024): out [n_q, n_head*hd] row stride ldo.
-extern "C" __global__ void attn_combine(const float* __restrict__ o_part,
-                                        const float* __restrict__ ml_part, float* __restrict__ out,
-                                        long long ldo, int n_q, int n_head, int hd, int n_splits) {
-    const int h = blockIdx.x / n_q, i = blockIdx.x % n_q;
+// One warp per (head, query) row, 4 rows a block of 128 threads; lane c holds the dims
+// 4c..4c+3 (+128 for hd 256): out [n_q, n_head*hd] row stride ldo. Every lane sums the splits
+// in order, so the result depends on the partials only.
+extern "C" __global__ void __launch_bounds__(128)
+    attn_combine(const float* __restrict__ o_part, const float* __restrict__ ml_part,
+                 float* __restrict__ out, long long ldo, int n_q, int n_head, int hd,
+                 int n_splits) {
+    const int lane = threadIdx.x & 31;
     const long long split_rows = (long long)n_head * n_q;
-    const long long row = (long long)h * n_q + i;
+    const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);  // h * n_q + i
+    if (row >= split_rows) return;
+    const int h = (int)(row / n_q), i = (int)(row % n_q);
+    const int hd4 = hd >> 2;
     float M = neg_inf();
     for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml_part[(s * split_rows + row) * 2]);
-    float L = 0.f, acc = 0.f;
+    float L = 0.f;
+    float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
     for (int s = 0; s < n_splits; ++s) {
         const float m = ml_part[(s * split_rows + row) * 2];
         if (m == neg_inf()) continue;  // a split that saw no visible key
         const float w = expf(m - M);
         L = fmaf(w, ml_part[(s * split_rows + row) * 2 + 1], L);
-        acc = fmaf(w, o_part[(s * split_rows + row) * hd + threadIdx.x], acc);
+        const float4* src = reinterpret_cast<const float4*>(o_part + (s * split_rows + row) * hd);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int c = lane + 32 * k;
+            if (c < hd4) {
+                const float4 v = src[c];
+                acc[k].x = fmaf(w, v.x, acc[k].x);
+                acc[k].y = fmaf(w, v.y, acc[k].y);
+                acc[k].z = fmaf(w, v.z, acc[k].z);
+                acc[k].w = fmaf(w, v.w, acc[k].w);
+            }
+        }
     }
-    out[(long long)i * ldo + (long long)h * hd + threadIdx.x] = acc / L;
+    float4* dst = reinterpret_cast<float4*>(out + (long long)i * ldo + (long long)h * hd);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int c = lane + 32 * k;
+        if (c < hd4) dst[c] = make_float4(acc[k].x / L, acc[k].y / L, acc[k].z / L, acc[k].w / L);
+    }
 }

@@ -5,8 +5,12 @@
 //
 // src [rows, (n_q + 2*n_kv)*hd] laid out q | k | v (n_q or n_kv may be 0), split s at
 // src + s*split_stride, row stride ld_src. bias (nullptr: none) is one row of that width.
-// K/V rows are written from row *row_base (a device int: the DflashKv length, so a captured
-// CUDA graph stays valid as it grows; nullptr = row 0) of k_out/v_out (row stride n_kv*hd).
+// K/V rows: launch row r is the cache's logical row row0 + *row_base + r (row_base a device int:
+// the DflashKv length, so a captured CUDA graph stays valid as it grows; nullptr = 0), stored in
+// row (logical % ring) of k_out/v_out when ring > 0 (a sliding layer's ring buffer), else in
+// row logical; row stride n_kv*hd; float32, or bf16 rounded to nearest even
+// (qkv_norm_rope_bf16). Logical rows below keep_from are not written (a long ingest's rows that
+// its own later rows overwrite in the ring).
 // q_norm/k_norm nullptr: no norm. RoPE angles are float32 pos * inv_freq[j] like the reference
 // (inv_freq [hd/2] comes precomputed from the host, per layer); cos/sin at full precision, and
 // the rotated values are scaled by rope_factor (YaRN's attention factor; 1 otherwise).
@@ -16,8 +20,17 @@
 PYDFLASH_REQUIRE(ROPE_MAX_HD);  // from pydflash/ops/qkv_rope.py
 #define QKV_WARPS 4
 
+// One K/V element into the cache: float32, or bf16 bits rounded to nearest even.
+__device__ __forceinline__ void store_kv(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_kv(bf16_bits* p, float v) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    *p = r;
+}
+
 // acc (hd floats in shared memory) -> dst: optional RMSNorm with weight nw, then RoPE at p.
-__device__ __forceinline__ void norm_rope_head(const float* acc, float* __restrict__ dst,
+template <typename T>
+__device__ __forceinline__ void norm_rope_head(const float* acc, T* __restrict__ dst,
                                                const float* __restrict__ nw, int p,
                                                const float* __restrict__ inv_freq,
                                                float rope_factor, int hd, float eps) {
@@ -38,16 +51,17 @@ __device__ __forceinline__ void norm_rope_head(const float* acc, float* __restri
         sincosf(ang, &s, &c);
         c *= rope_factor;
         s *= rope_factor;
-        dst[j] = a * c - b * s;
-        dst[j + half] = b * c + a * s;
+        store_kv(dst + j, a * c - b * s);
+        store_kv(dst + j + half, b * c + a * s);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * QKV_WARPS)
-    qkv_norm_rope(const float* src, long long ld_src, int n_split, long long split_stride,
-                  const float* bias, float* q_out, float* k_out, float* v_out, const int* row_base,
-                  const float* q_norm, const float* k_norm, const int* pos, const float* inv_freq,
-                  float rope_factor, int rows, int n_q, int n_kv, int hd, float eps) {
+template <typename T>
+__device__ __forceinline__ void qkv_norm_rope_impl(
+    const float* src, long long ld_src, int n_split, long long split_stride, const float* bias,
+    float* q_out, T* k_out, T* v_out, const int* row_base, long long row0, int ring,
+    long long keep_from, const float* q_norm, const float* k_norm, const int* pos,
+    const float* inv_freq, float rope_factor, int rows, int n_q, int n_kv, int hd, float eps) {
     __shared__ float sum[QKV_WARPS][ROPE_MAX_HD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int heads = n_q + 2 * n_kv;
@@ -55,6 +69,12 @@ extern "C" __global__ void __launch_bounds__(32 * QKV_WARPS)
     if (item >= (long long)rows * heads) return;
     const long long r = item / heads;
     const int h = (int)(item % heads);
+    // the cache row of a k/v head: logical row row0 + *row_base + r, slot row % ring in a ring;
+    // rows below keep_from are overwritten later in the same ingest (skipped: no two rows of a
+    // launch share a slot)
+    const long long row = row0 + (row_base != nullptr ? (long long)*row_base : 0) + r;
+    if (h >= n_q && row < keep_from) return;
+    const long long slot = ring > 0 ? row % ring : row;
     const float* s = src + r * ld_src + (long long)h * hd;
     float* acc = sum[warp];
     for (int j = lane; j < hd; j += 32) {
@@ -65,15 +85,28 @@ extern "C" __global__ void __launch_bounds__(32 * QKV_WARPS)
     }
     __syncwarp();
     const long long kv_ld = (long long)n_kv * hd;
-    const long long base = row_base != nullptr ? (long long)*row_base : 0;
     if (h < n_q) {
         norm_rope_head(acc, q_out + r * n_q * hd + (long long)h * hd, q_norm, pos[r], inv_freq,
                        rope_factor, hd, eps);
     } else if (h < n_q + n_kv) {
-        norm_rope_head(acc, k_out + (base + r) * kv_ld + (long long)(h - n_q) * hd, k_norm, pos[r],
+        norm_rope_head(acc, k_out + slot * kv_ld + (long long)(h - n_q) * hd, k_norm, pos[r],
                        inv_freq, rope_factor, hd, eps);
     } else {
-        float* d = v_out + (base + r) * kv_ld + (long long)(h - n_q - n_kv) * hd;
-        for (int j = lane; j < hd; j += 32) d[j] = acc[j];
+        T* d = v_out + slot * kv_ld + (long long)(h - n_q - n_kv) * hd;
+        for (int j = lane; j < hd; j += 32) store_kv(d + j, acc[j]);
     }
 }
+
+#define QKV_ENTRY(NAME, T)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * QKV_WARPS)                              \
+        NAME(const float* src, long long ld_src, int n_split, long long split_stride,         \
+             const float* bias, float* q_out, T* k_out, T* v_out, const int* row_base,        \
+             long long row0, int ring, long long keep_from, const float* q_norm,              \
+             const float* k_norm, const int* pos, const float* inv_freq, float rope_factor,   \
+             int rows, int n_q, int n_kv, int hd, float eps) {                                \
+        qkv_norm_rope_impl<T>(src, ld_src, n_split, split_stride, bias, q_out, k_out, v_out,  \
+                              row_base, row0, ring, keep_from, q_norm, k_norm, pos, inv_freq, \
+                              rope_factor, rows, n_q, n_kv, hd, eps);                         \
+    }
+QKV_ENTRY(qkv_norm_rope, float)           // f32 K/V cache (and the q-only norm + RoPE)
+QKV_ENTRY(qkv_norm_rope_bf16, bf16_bits)  // bf16 K/V cache

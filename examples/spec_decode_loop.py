@@ -21,7 +21,7 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from pydflash import DflashDraft, DflashKv, Engine
+from pydflash import DflashDraft, Engine
 
 
 class StandInTarget:
@@ -61,7 +61,7 @@ def generate(ckpt: Path, n_tokens: int, precision: str = "bf16", seed: int = 0) 
     cfg, b = draft.cfg, draft.cfg.block_size
     target = StandInTarget(cfg, cfg.vocab_size or 1000, seed)
     prompt = list(np.random.default_rng(seed).integers(0, target.vocab, 12))
-    kv = DflashKv(e, cfg, cap=len(prompt) + n_tokens + 2 * b)
+    kv = draft.new_kv(e, cap=len(prompt) + n_tokens + 2 * b)  # bf16 K/V (f32 for f32)
 
     # prefill: the prompt's taps become the drafter's first ctx rows
     pos = np.arange(len(prompt))

@@ -25,7 +25,7 @@ from .config import DflashCfg
 from .engine import Engine
 from .envelope import check_geometry
 from .errors import ShapeError
-from .kv import DflashKv
+from .kv import DflashKv, positions_ringable
 from .ops import attention, linear, norm, qkv_rope
 from .ops.elementwise import scatter_block_pos
 from .round_api import DraftApi
@@ -115,13 +115,7 @@ class DflashDraft(DraftApi):
                 "with; its buffers are ordered on that engine's stream"
             )
         if kv is not None:
-            c, k = self.cfg, kv.cfg
-            if (k.n_layer, k.kv_dim, k.block_size) != (c.n_layer, c.kv_dim, c.block_size):
-                raise ShapeError(
-                    f"kv: built for {k.n_layer} layers x {k.kv_dim} kv dims, block "
-                    f"{k.block_size}; drafter has {c.n_layer} x {c.kv_dim}, block "
-                    f"{c.block_size}"
-                )
+            checks.kv_matches(kv.cfg, self.cfg)
             if kv.device != self.device or kv.stream_ptr != self.stream_ptr:
                 raise ShapeError(
                     "kv: made by another engine (device or stream) than this drafter's"
@@ -177,7 +171,9 @@ class DflashDraft(DraftApi):
             feats = checks.f32_rows(e, ctx_f, "ctx_f", checks.count(ctx, "ctx"), c.hidden)
             checks.f32_rows(e, noise_emb, "noise_emb", c.block_size, c.hidden)
             checks.check_len(pos, "pos", ctx + c.block_size)
-            kv = DflashKv(e, c, ctx)
+            # rings where the positions allow them (the kernels of ingest + round on a KV of
+            # rings), else every row
+            kv = self.new_kv(e, ctx, rings=positions_ringable(pos, ctx))
             self.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
             return self._round(e, kv, noise_emb, pos[ctx:], None, capture=False)
 
@@ -195,10 +191,15 @@ class DflashDraft(DraftApi):
             kv.check_room(t, "ingest_ctx")
             start = kv.len
             kv.write_positions(e, pos_new, start, t, "pos_new")  # validates, then writes
+            # a ring keeps the last ring_rows rows of a long ingest: rows below are not written
+            rings = [kv.layer_ring(li, c) for li in range(c.n_layer)]
+            keep = [start + t - r if r else 0 for r in rings]
             stride = INGEST_CHUNK * 2 * c.kv_dim
             for r0 in range(0, t, INGEST_CHUNK):
                 m, row = min(INGEST_CHUNK, t - r0), start + r0
                 for li, layer in enumerate(self.layers):
+                    if row + m <= keep[li]:
+                        continue  # every row of this chunk is overwritten later in the ring
                     linear.project(
                         e,
                         layer.kv,
@@ -222,10 +223,13 @@ class DflashDraft(DraftApi):
                         n_split=buf.ks_kv,
                         split_stride=stride,
                         bias=layer.kv_bias,
-                        k_out=kv.k[li][row:],
-                        v_out=kv.v[li][row:],
+                        k_out=kv.k[li],
+                        v_out=kv.v[li],
                         k_norm=layer.k_norm,
                         rope_factor=buf.rope_factor[li],
+                        row0=row,
+                        ring=rings[li],
+                        keep_from=keep[li],
                     )
             kv.commit(t)
 
@@ -322,6 +326,7 @@ class DflashDraft(DraftApi):
                 k_norm=layer.k_norm,
                 row_base=length,
                 rope_factor=buf.rope_factor[li],
+                ring=kv.layer_ring(li, c),
             )
             attention.attend(
                 e,
@@ -342,6 +347,8 @@ class DflashDraft(DraftApi):
                 max_keys=kv.cap + b,
                 exact=self.precision == "f32",
                 causal=c.is_causal,
+                ring=kv.layer_ring(li, c),
+                key_window=kv.layer_keys(li, c),
             )
             # x += o(attn) + o_bias; xn = post_attention_layernorm(x)
             linear.project(

@@ -27,12 +27,14 @@ from .checkpoint import (
 )
 from .config import DflashCfg
 from .errors import ShapeError
+from .kv import kv_dtype as kv_dtype_arg
 from .reference_state import (
     ReferenceKv,
     Weights,
     checked_weights,
     draft_args,
     float_dtype,
+    kv_round,
 )
 from .rope import llama3_inv_freq  # noqa: F401  (re-exported: older code imports it from here)
 
@@ -126,13 +128,21 @@ class DraftResult:
 
 # -- the drafter -----------------------------------------------------------------------------
 class ReferenceDraft:
+    """kv_dtype: the K/V storage forward / forward_block model ("bf16": rounded as a bf16
+    DflashKv stores them, "f32": kept); forward_round uses its ReferenceKv's kv_dtype."""
+
     def __init__(
-        self, cfg: DflashCfg, weights: Mapping[str, np.ndarray], dtype: type = np.float32
+        self,
+        cfg: DflashCfg,
+        weights: Mapping[str, np.ndarray],
+        dtype: type = np.float32,
+        kv_dtype: str = "f32",
     ) -> None:
         if not isinstance(cfg, DflashCfg):
             raise ShapeError(f"cfg: expected a DflashCfg, found {type(cfg).__name__}")
         bounds.check_cfg(cfg, "cfg")
         self.cfg, self.dtype = cfg, float_dtype(dtype)
+        self.kv_dtype = kv_dtype_arg(kv_dtype, "kv_dtype")
         self.w = Weights(checked_weights(cfg, weights, self.dtype))
         # per layer: its own inverse frequencies and attention factor (per-layer-type RoPE)
         self.rope = [rope.tables(cfg.rope_of(i), cfg.head_dim) for i in range(cfg.n_layer)]
@@ -188,6 +198,7 @@ class ReferenceDraft:
         k_ctx: np.ndarray,
         v_ctx: np.ndarray,
         pos_ctx: np.ndarray,
+        kv_dtype: str,
     ) -> np.ndarray:
         c, p = self.cfg, f"layers.{layer}."
         w = self.w
@@ -196,7 +207,8 @@ class ReferenceDraft:
         q = rope_neox(
             rms_norm(q, w[p + "self_attn.q_norm.weight"], c.eps), pos_block, *self.rope[layer]
         )
-        k_blk, v_blk = self._ctx_kv(layer, xn, pos_block)  # block rows: same K/V program
+        # block rows: the same K/V program, stored in the cache's scratch rows
+        k_blk, v_blk = (kv_round(a, kv_dtype) for a in self._ctx_kv(layer, xn, pos_block))
         k = np.concatenate([k_ctx, k_blk])
         v = np.concatenate([v_ctx, v_blk])
         pos_k = np.concatenate([pos_ctx, pos_block])
@@ -230,8 +242,8 @@ class ReferenceDraft:
         x = self._rows("noise_emb", noise_emb, b, c.hidden)
         p = self._positions("pos", pos, ctx + b)
         for layer in range(c.n_layer):
-            k, v = self._ctx_kv(layer, feats, p[:ctx])
-            x = self._layer(layer, x, p[ctx:], k, v, p[:ctx])
+            k, v = (kv_round(a, self.kv_dtype) for a in self._ctx_kv(layer, feats, p[:ctx]))
+            x = self._layer(layer, x, p[ctx:], k, v, p[:ctx], self.kv_dtype)
         return rms_norm(x, self.w["norm.weight"], c.eps)
 
     def ingest_ctx(
@@ -243,11 +255,12 @@ class ReferenceDraft:
         f = self._rows("feats", feats, checks.count(t, "t"), c.hidden)
         p = self._positions("pos_new", pos_new, t)
         kv.check_room(t, "ingest_ctx")
+        kv.check_positions(p, "pos_new")
         new = [self._ctx_kv(layer, f, p) for layer in range(c.n_layer)]
         rows = slice(kv.len, kv.len + t)
         for layer, (k, v) in enumerate(new):  # kv rows are kv_dim wide, as on the GPU
-            kv.k[layer][rows] = k.reshape(kv.k[layer][rows].shape)
-            kv.v[layer][rows] = v.reshape(kv.v[layer][rows].shape)
+            kv.k[layer][rows] = kv_round(k, kv.kv_dtype).reshape(kv.k[layer][rows].shape)
+            kv.v[layer][rows] = kv_round(v, kv.kv_dtype).reshape(kv.v[layer][rows].shape)
         kv.pos[rows] = p
         kv.commit(t)
 
@@ -259,10 +272,12 @@ class ReferenceDraft:
         self._check_kv(kv)
         x = self._rows("noise_emb", noise_emb, b, c.hidden)
         p = self._positions("pos_block", pos_block, b)
+        kv.check_block_positions(p, "pos_block")
+        kv.round_written()  # the bookkeeping of the GPU's scratch rows (the reference keeps all)
         n, heads = kv.len, (kv.len, c.n_kv, c.head_dim)
         for layer in range(c.n_layer):
             k, v = kv.k[layer][:n].reshape(heads), kv.v[layer][:n].reshape(heads)
-            x = self._layer(layer, x, p, k, v, kv.pos[:n])
+            x = self._layer(layer, x, p, k, v, kv.pos[:n], kv.kv_dtype)
         return rms_norm(x, self.w["norm.weight"], c.eps)
 
     # -- logits -> draft tokens ------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import ml_dtypes
 import numpy as np
 
 from . import checks
@@ -14,18 +15,34 @@ from .checkpoint import MARKOV_W1, MARKOV_W2, backbone_shapes, head_shapes
 from .config import DflashCfg
 from .errors import CapacityError, ShapeError
 from .kv import CommittedRows
+from .kv import kv_dtype as kv_dtype_arg
 
 
 class ReferenceKv(CommittedRows):
     """Per layer the normed+roped K and raw V of committed ctx rows, plus their positions.
     Checked as DflashKv is (pydflash.checks): cap, the config, and `len`, which can only be
-    rolled back; a drafter uses it when its layers, kv dims and block size match."""
+    rolled back; a drafter uses it when its layers, kv dims and block size match.
 
-    def __init__(self, cfg: DflashCfg, cap: int, dtype: type = np.float32) -> None:
+    kv_dtype: the storage DflashKv's `dtype` names: "f32" keeps the computed K/V, "bf16"
+    rounds them to bf16 (nearest even, from float32: the GPU writer's rounding) and keeps the
+    rounded values in `dtype`. Every row is kept (the oracle), but the ring bookkeeping of a
+    DflashKv of the same cap and `rings` is applied too (pydflash.kv): the reference refuses
+    the positions and roll-backs the GPU refuses, and answers exactly what the GPU answers."""
+
+    def __init__(
+        self,
+        cfg: DflashCfg,
+        cap: int,
+        dtype: type = np.float32,
+        kv_dtype: str = "f32",
+        *,
+        rings: bool = True,
+    ) -> None:
         cap = checks.kv_cap(cap)
+        self.kv_dtype = kv_dtype_arg(kv_dtype, "kv_dtype")
         cfg = checks.kv_cfg(cfg, cap)
         dt = float_dtype(dtype)
-        self.cfg, self._cap, self._len = cfg, cap, 0
+        self.cfg = cfg
         shape = (cap, cfg.n_kv, cfg.head_dim)
         try:
             self.k: list[np.ndarray] = [np.zeros(shape, dt) for _ in range(cfg.n_layer)]
@@ -35,6 +52,15 @@ class ReferenceKv(CommittedRows):
                 f"cap {cap}: {2 * cfg.n_layer} x {list(shape)} {dt} arrays do not fit in memory"
             ) from None
         self.pos = np.zeros(cap, np.int64)
+        self._init_rows(cfg, cap, rings, ring_pos=self.pos)
+
+
+def kv_round(x: np.ndarray, kv_dtype: str) -> np.ndarray:
+    """K/V as a cache of `kv_dtype` stores them: bf16 rounds the float32 value to nearest even
+    (the GPU computes K/V in float32, then its writer rounds), in x's dtype."""
+    if kv_dtype == "f32":
+        return x
+    return x.astype(np.float32).astype(ml_dtypes.bfloat16).astype(x.dtype)
 
 
 def float_dtype(dtype: object) -> np.dtype:

@@ -39,13 +39,13 @@ from .draft_step import (
     wrap_named,
 )
 from .errors import CapacityError, ShapeError
+from .kv import DflashKv
 from .ops import elementwise
 from .tensor import GpuTensor
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import DflashCfg
     from .engine import Engine
-    from .kv import DflashKv
     from .weights import ConfidenceHead, MarkovHead
 
 MAX_GRAPHS_PER_KV = 8  # captured propose graphs kept per DflashKv (oldest dropped first)
@@ -60,6 +60,7 @@ class DraftApi:
     """The draft step and round API of DflashDraft (see the module docstring)."""
 
     cfg: DflashCfg
+    precision: str
     embed: GpuTensor | None
     lm_head: GpuTensor | None
     cuda_graphs: bool
@@ -73,6 +74,18 @@ class DraftApi:
         def _round_kernels(self, e: Engine, kv: DflashKv) -> None: ...
         def ctx_features(self, e: Engine, taps: Any, t: int) -> Any: ...
         def ingest_ctx(self, e: Engine, kv: DflashKv, feats: Any, pos_new: Any, t: int) -> None: ...
+
+    @property
+    def kv_dtype(self) -> str:
+        """The K/V storage of this drafter's caches by default: f32 for the f32 (parity)
+        precision, bf16 for the others (pydflash.kv)."""
+        return "f32" if self.precision == "f32" else "bf16"
+
+    def new_kv(
+        self, e: Engine, cap: int, dtype: str | None = None, *, rings: bool = True
+    ) -> DflashKv:
+        """A DflashKv for this drafter: `dtype` None = kv_dtype; rings (pydflash.kv)."""
+        return DflashKv(e, self.cfg, cap, self.kv_dtype if dtype is None else dtype, rings=rings)
 
     def _init_draft_api(
         self, e: Engine, markov: MarkovHead | None, confidence: ConfidenceHead | None
@@ -291,6 +304,8 @@ class DraftApi:
                     raise CapacityError(
                         f"rollback_to: {base} is past len {kv.len} (commit only rolls back)"
                     )
+                kv.check_rollback(base, "rollback_to")  # what the rings still hold
+            kv.check_positions_arg(e, positions, t, "positions", base)  # the rings' order
             if base + t > kv.cap:
                 raise CapacityError(f"commit: {t} rows at len {base} exceed cap {kv.cap}")
             if rollback_to is not None:

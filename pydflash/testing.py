@@ -44,9 +44,13 @@ def random_inputs(
     return taps, noise, pos
 
 
-def reference_for(draft: DflashDraft, dtype: Any = np.float32) -> ReferenceDraft:
-    """A reference drafter with the GPU drafter's exact weights (quantization included)."""
-    return ReferenceDraft(draft.cfg, draft.reference_weights(), dtype)
+def reference_for(
+    draft: DflashDraft, dtype: Any = np.float32, kv_dtype: str | None = None
+) -> ReferenceDraft:
+    """A reference drafter with the GPU drafter's exact weights (quantization included) whose
+    forward models the K/V storage `kv_dtype` (default: the drafter's, as its forward uses)."""
+    kv = draft.kv_dtype if kv_dtype is None else kv_dtype
+    return ReferenceDraft(draft.cfg, draft.reference_weights(), dtype, kv)
 
 
 @dataclasses.dataclass
@@ -91,8 +95,6 @@ def check_paths(
     Markov vocabulary when the drafter has a Markov head; None: skip draft_tokens)."""
     import cupy as cp
 
-    from .kv import DflashKv
-
     cfg = draft.cfg
     taps, noise, pos = random_inputs(cfg, ctx, rng, start=int(rng.integers(0, 1000)))
     feats_ref = ref.ctx_features(taps, ctx)
@@ -102,14 +104,15 @@ def check_paths(
     feats_err = rel(cp.asnumpy(feats), feats_ref)
     block = cp.asnumpy(draft.forward_block(e, feats, cp.asarray(noise), pos, ctx))
 
-    one = DflashKv(e, cfg, ctx)
+    one = draft.new_kv(e, ctx)
     draft.ingest_ctx(e, one, feats, pos[:ctx], ctx)
     rnd_one = cp.asnumpy(draft.forward_round(e, one, cp.asarray(noise), pos[ctx:]))
-    many = DflashKv(e, cfg, ctx)
+    many = draft.new_kv(e, ctx)
     r0 = 0
     while r0 < ctx:
         n = min(ctx - r0, int(rng.integers(1, 98)))
-        draft.ingest_ctx(e, many, feats[r0 : r0 + n], cp.asarray(pos[r0 : r0 + n]), n)
+        p = pos[r0 : r0 + n]  # device positions, except where rings need host ones
+        draft.ingest_ctx(e, many, feats[r0 : r0 + n], p if many.ring_rows else cp.asarray(p), n)
         r0 += n
     rnd_many = cp.asnumpy(draft.forward_round(e, many, cp.asarray(noise), pos[ctx:]))
 
@@ -126,6 +129,7 @@ def check_paths(
             dataclasses.replace(cfg, confidence_head=False, confidence_with_markov=False),
             ref.w,
             ref.dtype.type,
+            ref.kv_dtype,
         )
         tokens_equal = bool(np.array_equal(got, plain.draft_tokens(rnd_one, lm, last)))
     return PathReport(

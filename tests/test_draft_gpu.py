@@ -104,11 +104,11 @@ def inputs(cfg, ctx, rng):
     ],
 )
 def test_forward_paths_match_reference(engine, ckpts, rng, precision, name, ctx):
-    from pydflash import DflashDraft, DflashKv
+    from pydflash import DflashDraft
 
     e = engine
     d = DflashDraft.load(e, ckpts[name], precision)
-    ref = ReferenceDraft(d.cfg, d.reference_weights(), np.float64)
+    ref = ReferenceDraft(d.cfg, d.reference_weights(), np.float64, d.kv_dtype)
     taps, noise, pos = inputs(d.cfg, ctx, rng)
     expect = ref.forward(taps, noise, pos, ctx)
     d_taps, d_noise = e.htod(taps), e.htod(noise)
@@ -119,7 +119,7 @@ def test_forward_paths_match_reference(engine, ckpts, rng, precision, name, ctx)
     assert rel(e.dtoh(feats), ref.ctx_features(taps, ctx)) < TOL[precision]
     block = e.dtoh(d.forward_block(e, feats, d_noise, pos, ctx))
     # cached path: ingest in uneven chunks, then a round
-    kv = DflashKv(e, d.cfg, ctx + 7)
+    kv = d.new_kv(e, ctx + 7)
     cut = [0, ctx // 3, ctx // 3 + 1, ctx]
     for a, b in zip(cut, cut[1:]):
         d.ingest_ctx(e, kv, feats[a:b], pos[a:b], b - a)
@@ -159,7 +159,7 @@ def test_round_leaves_kv_and_rollback_discards(engine, ckpts, rng):
 
 
 def test_sliding_window_far_past_the_window(engine, ckpts, rng):
-    from pydflash import DflashDraft, DflashKv
+    from pydflash import DflashDraft
 
     e = engine
     d = DflashDraft.load(e, ckpts["swa"], "f32")
@@ -168,7 +168,7 @@ def test_sliding_window_far_past_the_window(engine, ckpts, rng):
     taps, noise, pos = inputs(d.cfg, ctx, rng)
     ref = ReferenceDraft(d.cfg, d.reference_weights(), np.float64)
     expect = ref.forward(taps, noise, pos, ctx)
-    kv = DflashKv(e, d.cfg, ctx)
+    kv = d.new_kv(e, ctx)  # f32, the drafter's
     d.ingest_ctx(e, kv, d.ctx_features(e, e.htod(taps), ctx), pos[:ctx], ctx)
     got = e.dtoh(d.forward_round(e, kv, e.htod(noise), pos[ctx:]))
     assert rel(got, expect) < TOL["f32"]

@@ -170,3 +170,33 @@ def test_weights_are_checked(setup):
     feats, _ = inputs(d, np.random.default_rng(5))
     with pytest.raises(ShapeError, match="weights: no 'fc.weight'"):
         partial.ctx_features(np.zeros((1, d.cfg.n_taps * d.cfg.hidden), np.float32), 1)
+
+
+def test_bf16_kv_stores_rounded_values_and_forward_models_them(setup):
+    """kv_dtype="bf16": the stored K/V are the float32 K/V rounded to bf16 (nearest even),
+    the block's K/V too, and forward / forward_block of a kv_dtype="bf16" drafter model the
+    same cache (the GPU's default storage)."""
+    import ml_dtypes
+
+    from pydflash.reference_state import kv_round
+    from pydflash.testing import rel
+
+    d, _ = setup
+    rng = np.random.default_rng(5)
+    feats, noise = inputs(d, rng, 6)
+    b = d.cfg.block_size
+    pos = np.arange(6 + b)
+    exact, rounded = ReferenceKv(d.cfg, 8), ReferenceKv(d.cfg, 8, kv_dtype="bf16")
+    d.ingest_ctx(exact, feats, pos[:6], 6)
+    d.ingest_ctx(rounded, feats, pos[:6], 6)
+    for a, r in zip(exact.k + exact.v, rounded.k + rounded.v):
+        np.testing.assert_array_equal(r, a.astype(ml_dtypes.bfloat16).astype(np.float32))
+    bf = ReferenceDraft(d.cfg, d.w, np.float32, "bf16")
+    got = bf.forward_round(rounded, noise, pos[6:])
+    np.testing.assert_array_equal(got, d.forward_round(rounded, noise, pos[6:]))  # kv decides
+    np.testing.assert_allclose(got, bf.forward_block(feats, noise, pos, 6), rtol=1e-5, atol=2e-6)
+    assert 1e-5 < rel(got, d.forward_round(exact, noise, pos[6:])) < 2e-2  # it matters, a little
+    # nearest even, from the float32 value (as the GPU rounds its float32 K/V)
+    x = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-20), 1 + 2**-8 + 2**-30])
+    np.testing.assert_array_equal(kv_round(x, "bf16"), [1.0, 1 + 2**-6, -(1 + 2**-7), 1.0])
+    assert kv_round(x, "f32") is x

@@ -3,8 +3,9 @@
     python tools/bench_round.py [--preset qwen3-8b-b16 | --ckpt DIR] [--precision bf16 q8_0]
                                 [--ctx 4096] [--rounds 200] [--propose]
 
-For each precision: forward_round at ctx, ingest_ctx of 1 and of 4096 rows, draft_tokens with a
-synthetic bf16 lm_head of the target's vocabulary; with --propose also the whole round
+For each precision: forward_round at ctx (on the drafter's default KV: bf16 K/V but for f32,
+sliding layers in rings), ingest_ctx of 1 and of 4096 rows, draft_tokens with a synthetic bf16
+lm_head of the target's vocabulary; with --propose also the whole round
 (DflashDraft.propose: embeddings + forward_round + draft step, one CUDA graph) greedy and at
 T = 0.7, whose floor is (layer weights + lm_head (+ Markov W2 per draft)) / bandwidth. Each
 median sits beside its floor = bytes the op must read / the device-to-device copy bandwidth
@@ -109,7 +110,8 @@ def bench_precision(
     propose: bool = False,
 ) -> list[tuple]:
     """(label, precision, op, median ms, weight bytes, extra bytes) rows for one precision."""
-    from pydflash import DflashDraft, DflashKv
+    from pydflash import DflashDraft
+    from pydflash.kv import round_kv_bytes
 
     rows = []
     t0 = time.perf_counter()
@@ -119,14 +121,22 @@ def bench_precision(
     c = d.cfg
     b, ctx = c.block_size, ctx_arg
     big = max(ctx, 4096)
-    kv = DflashKv(e, c, big + 1)
-    feats = e.htod(rng.standard_normal((big, c.hidden), dtype=np.float32))
+    kv = d.new_kv(e, ctx + 1)  # the drafter's K/V dtype; sliding layers in rings
+    with e.device, e.stream:
+        feats = cp.random.standard_normal((big, c.hidden), dtype=np.float32)
+    t0 = time.perf_counter()
     d.ingest_ctx(e, kv, feats[:ctx], np.arange(ctx), ctx)
+    e.synchronize()
+    print(
+        f"{precision}: KV {kv.dtype} of cap {kv.cap}: {kv.nbytes / 2**20:.1f} MiB"
+        + (f" (rings of {kv.ring_rows} rows)" if kv.ring_rows else "")
+        + f"; ingest of {ctx} rows {time.perf_counter() - t0:.2f} s"
+    )
     noise = e.htod(rng.standard_normal((b, c.hidden), dtype=np.float32) * 0.02)
     pos_block = list(range(ctx, ctx + b))
     out = e.empty((b, c.hidden))
 
-    kv_bytes = 2 * 4 * (ctx + b) * c.kv_dim * c.n_layer
+    kv_bytes = round_kv_bytes(c, ctx, kv.dtype, kv.cap)  # the K/V a round reads
     t_round = timed(
         cp, e.stream, lambda: d.forward_round(e, kv, noise, pos_block, out=out), rounds, warmup=20
     )
@@ -144,12 +154,19 @@ def bench_precision(
         cp, e.stream, lambda: d.ingest_ctx(e, kv, feats[:1], [ctx], 1), rounds, setup=roll_back
     )
     rows.append((label, precision, "ingest_ctx 1 row", t_in1, kv_w, 0))
+    roll_back(ctx)
+    kv_in = d.new_kv(e, 4096)  # its own KV, so kv keeps ctx rows
+    item = 2 if kv_in.dtype == "bf16" else 4
+
+    def empty() -> None:
+        kv_in.len = 0
+
     t_in4k = timed(
         cp,
         e.stream,
-        lambda: d.ingest_ctx(e, kv, feats[:4096], np.arange(4096), 4096),
+        lambda: d.ingest_ctx(e, kv_in, feats[:4096], np.arange(4096), 4096),
         max(5, rounds // 20),
-        setup=lambda: roll_back(0),
+        setup=empty,
     )
     rows.append(
         (
@@ -158,10 +175,9 @@ def bench_precision(
             "ingest_ctx 4096 rows",
             t_in4k,
             kv_w,
-            2 * 4 * 4096 * c.kv_dim * c.n_layer + 4096 * c.hidden * 4,
+            2 * item * c.kv_dim * sum(min(4096, k.shape[0]) for k in kv_in.k) + 4096 * c.hidden * 4,
         )
     )
-    roll_back(ctx)
 
     vocab = lm_bits.shape[0]
     hidden = d.forward_round(e, kv, noise, pos_block)
@@ -233,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             cp.get_default_memory_pool().free_all_blocks()
 
     # floor = weight bytes / bandwidth (the issue's definition); the last columns add the
-    # activation/KV bytes the op must also read.
+    # activation/KV bytes the op must also read (a round: the K/V it reads, rings their window).
     print(
         f"\n{'checkpoint':16s} {'prec':5s} {'op':24s} {'median ms':>9s} {'floor ms':>9s} "
         f"{'ratio':>6s} {'floor+KV ms':>11s} {'ratio':>6s}  weight GB"

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pydflash import (  # noqa: E402
     Checkpoint,
     CheckpointError,
+    DflashCfg,
     PydflashError,
     ReferenceDraft,
     ReferenceKv,
@@ -109,6 +110,30 @@ def describe(ckpt: Checkpoint) -> None:
     for p in PRECISIONS:
         total, round_bytes = precision_bytes(c, p)
         print(f"  {p:6s} {gib(total)}  (read per forward_round: {gib(round_bytes)})")
+    kv_report(c)
+
+
+def kv_report(c: DflashCfg) -> None:
+    """KV memory per 1k ctx rows, per K/V dtype (the default of each precision), with the
+    sliding layers' rings counted at their (fixed) size."""
+    from pydflash.kv import kv_bytes, ring_rows
+
+    print("KV cache (K and V of every layer + positions; DflashDraft.new_kv's dtype):")
+    n_ring = sum(c.layer_sliding) if ring_rows(c, 1 << 20) else 0
+    for dtype, precs in (("bf16", "bf16, q8_0, q4_0, mixed"), ("f32", "f32")):
+        far = 1 << 20  # past any ring: the marginal rows are the full layers'
+        per_1k = kv_bytes(c, far + 1000, dtype) - kv_bytes(c, far, dtype)
+        line = f"  {dtype:4s} K/V ({precs}): {gib(per_1k)} per 1k ctx rows"
+        if n_ring:
+            r = ring_rows(c, far)
+            ring = kv_bytes(c, far, dtype) - kv_bytes(c, far, dtype, rings=False)
+            ring += (far + c.block_size) * n_ring * 2 * c.kv_dim * (2 if dtype == "bf16" else 4)
+            full = c.n_layer - n_ring
+            line += (
+                f" ({full} full layer{'s' * (full != 1)}) + {n_ring} rings of {r} rows: {gib(ring)}"
+            )
+        sizes = ", ".join(f"ctx {n}: {gib(kv_bytes(c, n, dtype))}" for n in (4096, 32768, 131072))
+        print(f"{line}; {sizes}")
 
 
 def reference_check(ckpt_dir: Path, rng: np.random.Generator) -> None:
@@ -136,7 +161,7 @@ def gpu_check(ckpt_dir: Path, precision: str, ctx: int, rng: np.random.Generator
     .check_paths, the way a user calls: default stream, cp.asnumpy), time forward_round."""
     import cupy as cp
 
-    from pydflash import DflashDraft, DflashKv, Engine
+    from pydflash import DflashDraft, Engine
     from pydflash.testing import check_paths, reference_for
 
     e = Engine(0)
@@ -161,7 +186,7 @@ def gpu_check(ckpt_dir: Path, precision: str, ctx: int, rng: np.random.Generator
         f"(limit {TOLERANCE[precision]:g}) {'OK' if ok else 'FAIL'}"
     )
     taps, noise, pos = random_inputs(cfg, ctx, rng)
-    kv = DflashKv(e, cfg, ctx)
+    kv = draft.new_kv(e, ctx)
     draft.ingest_ctx(e, kv, draft.ctx_features(e, cp.asarray(taps), ctx), pos[:ctx], ctx)
     d_noise = cp.asarray(noise)
     start, stop = cp.cuda.Event(), cp.cuda.Event()

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import cupy as cp
 
-    from pydflash import DflashDraft, DflashKv, Engine
+    from pydflash import DflashDraft, Engine
 
     e = Engine(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     vocab = cfg.vocab_size or 1000
     lm = cp.asarray(rng.standard_normal((vocab, cfg.hidden), dtype=np.float32) * 0.05)
-    kv = DflashKv(e, cfg, args.cap)
+    kv = d.new_kv(e, args.cap)
     pool = cp.get_default_memory_pool()
     taps_pool = rng.standard_normal((64, cfg.n_taps * cfg.hidden), dtype=np.float32)
 
@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         d.draft_tokens(e, hidden, lm, last)
         accepted = int(rng.integers(0, b))
         if kv.len + accepted + 1 > args.cap:
-            kv.len = 32  # a new request on the same KV
-        elif it % 97 == 0:
-            kv.len = max(1, kv.len - int(rng.integers(1, 8)))  # the target rejected rows
+            kv.len = 32 if kv.rollback_floor <= 32 else 0  # a new request on the same KV
+        elif it % 97 == 0:  # the target rejected rows (as far as sliding-window rings allow)
+            kv.len = max(1, kv.rollback_floor, kv.len - int(rng.integers(1, 8)))
         ingest(accepted + 1)
         last = int(rng.integers(0, vocab))
         if it % args.window == 0:

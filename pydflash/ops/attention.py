@@ -1,6 +1,8 @@
 """attention.cu: non-causal GQA attention split along the keys (flash-decoding), then combined.
-FFMA f32 partials (the f32 parity precision, and head_dim 256) or tensor-core partials (bf16
-hi/lo splits, three MMAs a product) for the other precisions."""
+FFMA f32 partials (the f32 parity precision with f32 K/V, and head_dim 256) or tensor-core
+partials for the rest: f32 K/V split in bf16 hi/lo (three MMAs a product), bf16 K/V as exact
+MMA operands (two MMAs a product: q and p split hi/lo). K/V may be a ring buffer (a sliding
+layer of a DflashKv): `ring` rows, of which the last `key_window` keys are read."""
 
 from __future__ import annotations
 
@@ -18,29 +20,55 @@ if TYPE_CHECKING:  # pragma: no cover
 TILE = 64  # keys per FFMA tile
 THREADS = 256  # threads of the FFMA kernel
 TC_TILE = 32  # keys per tensor-core tile
+TC_STAGES = 4  # bf16 K/V tiles in flight in the tensor-core kernel (cp.async ring)
 MAX_SPLITS = 32  # more splits cost more in partials than they gain in parallelism
 TC_HEAD_DIMS = (16, 32, 64, 128)
+KV_ITEM = {"f32": 4, "bf16": 2}
 
-FAMILY = Family("attention", {"ATT_T": TILE, "ATT_THREADS": THREADS, "ATT_TC_T": TC_TILE})
-_PARTIAL_SIG = (
-    "const float* q, long long ldq, const float* K, const float* V, long long ldkv, "
-    "const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base, "
-    "int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, "
-    "int q_row0, float scale, int stages, float* o_part, float* ml_part"
+FAMILY = Family(
+    "attention",
+    {"ATT_T": TILE, "ATT_THREADS": THREADS, "ATT_TC_T": TC_TILE, "ATT_TC_STAGES": TC_STAGES},
 )
-# FFMA: RPT query rows per thread row, ORPT = max(1, 16*RPT*hd/1024) rows per P.V thread
-FFMA = {
-    (rpt, orpt): FAMILY.kernel(f"attn_partial_r{rpt}_o{orpt}", _PARTIAL_SIG)
-    for rpt, orpts in (
-        (1, (1, 2, 4)),
-        (2, (1, 2, 4, 8)),
-        (4, (1, 2, 4, 8, 16)),
-        (8, (1, 2, 4, 8, 16, 32)),
+
+
+def _sig(ctype: str) -> str:
+    return (
+        f"const float* q, long long ldq, const {ctype}* K, const {ctype}* V, long long ldkv, "
+        "const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base, "
+        "int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, "
+        "int q_row0, float scale, int stages, int ring, int key_window, float* o_part, "
+        "float* ml_part"
     )
-    for orpt in orpts
+
+
+_CTYPE = {"f32": "float", "bf16": "unsigned short"}
+# FFMA: RPT query rows per thread row, ORPT = max(1, 16*RPT*hd/1024) rows per P.V thread;
+# bf16 K/V reach it at head_dim 256 only (ORPT = 4 * RPT)
+_FFMA_SHAPES = {
+    "f32": [
+        (rpt, orpt)
+        for rpt, orpts in (
+            (1, (1, 2, 4)),
+            (2, (1, 2, 4, 8)),
+            (4, (1, 2, 4, 8, 16)),
+            (8, (1, 2, 4, 8, 16, 32)),
+        )
+        for orpt in orpts
+    ],
+    "bf16": [(1, 4), (2, 8), (4, 16), (8, 32)],
+}
+FFMA = {
+    (rpt, orpt, kv): FAMILY.kernel(
+        f"attn_partial{'' if kv == 'f32' else '_bf16'}_r{rpt}_o{orpt}", _sig(_CTYPE[kv])
+    )
+    for kv, shapes in _FFMA_SHAPES.items()
+    for rpt, orpt in shapes
 }
 TC = {
-    (hd, w): FAMILY.kernel(f"attn_partial_tc_h{hd}_w{w}", _PARTIAL_SIG)
+    (hd, w, kv): FAMILY.kernel(
+        f"attn_partial_tc{'' if kv == 'f32' else 'b'}_h{hd}_w{w}", _sig(_CTYPE[kv])
+    )
+    for kv in ("f32", "bf16")
     for hd in TC_HEAD_DIMS
     for w in (1, 2, 4, 8)
 }
@@ -49,26 +77,34 @@ COMBINE = FAMILY.kernel(
     "const float* o_part, const float* ml_part, float* out, "
     "long long ldo, int n_q, int n_head, int hd, int n_splits",
 )
+COMBINE_ROWS = 4  # (head, query) rows per combine block: one warp each
 
 
-def ffma_smem(rows: int, hd: int, stages: int) -> int:
+def ffma_smem(rows: int, hd: int, stages: int, item: int = 4) -> int:
     """Dynamic shared memory of an FFMA partial for `rows` padded query rows (attention.cu):
-    Q, the K and V tiles of each stage (rows padded by 4 floats), P, alpha, tile positions."""
-    hs = hd + 4
-    return 4 * (rows * hs + 2 * stages * TILE * hs + TILE * rows + rows + stages * TILE)
+    Q, the K and V tiles of each stage (`item`-byte elements, rows padded by 16 bytes), P,
+    alpha, tile positions."""
+    kv_row = (hd + 16 // item) * item
+    return (
+        4 * rows * (hd + 4) + 2 * stages * TILE * kv_row + 4 * (TILE * rows + rows + stages * TILE)
+    )
 
 
-def tc_smem(hd: int) -> int:
-    """Dynamic shared memory of a tensor-core partial: f32 K/V tiles, their bf16 hi/lo halves
-    (K row-major, V transposed) and two position rows."""
+def tc_smem(hd: int, kv: str = "f32") -> int:
+    """Dynamic shared memory of a tensor-core partial. f32 K/V: the f32 tiles, their bf16 hi/lo
+    halves (K row-major, V transposed) and two position rows; bf16 K/V: TC_STAGES K and V tiles
+    (rows padded by 16 bytes) and their positions."""
     t = TC_TILE
+    if kv == "bf16":
+        return TC_STAGES * (2 * 2 * t * (hd + 8) + 4 * t)
     return 4 * 2 * t * (hd + 4) + 2 * (2 * t * (hd + 8) + 2 * hd * (t + 8)) + 8 * t
 
 
 def check_fits(rt: Runtime, hd: int) -> None:
     """Attention of head_dim `hd` fits this device's shared memory, or a GeometryError: the
     FFMA path (f32, and always for head_dim 256) needs 16 padded query rows single-buffered."""
-    need = max(ffma_smem(16, hd, 1), tc_smem(hd) if hd in TC_HEAD_DIMS else 0)
+    tc = max(tc_smem(hd, "f32"), tc_smem(hd, "bf16")) if hd in TC_HEAD_DIMS else 0
+    need = max(ffma_smem(16, hd, 1), tc)
     if need > rt.smem_per_block:
         raise GeometryError(
             f"head_dim {hd}: attention needs {need // 1024} KiB of shared "
@@ -109,15 +145,17 @@ class Scratch:
         self.ml_part = rt.empty((max_splits, n_head, self.n_q, 2), np.float32)
 
 
-def _splits(rt: Runtime, n_kv: int, rows: int, hd: int, exact: bool) -> tuple[int, int, int]:
-    """(target splits, stages, shared memory bytes) of one partial launch: enough blocks for
-    every SM at the occupancy its shared memory allows."""
-    if not exact:
-        smem, stages = tc_smem(hd), 1
+def _splits(
+    rt: Runtime, n_kv: int, rows: int, hd: int, path: str, item: int
+) -> tuple[int, int, int]:
+    """(target splits, stages, shared memory bytes) of one partial launch on `path` ("ffma" or
+    "tc"): enough blocks for every SM at the occupancy its shared memory allows."""
+    if path == "tc":
+        smem, stages = tc_smem(hd, "bf16" if item == 2 else "f32"), 1
     else:
-        smem, stages = ffma_smem(rows, hd, 2), 2
+        smem, stages = ffma_smem(rows, hd, 2, item), 2
         if smem > rt.smem_per_block:
-            smem, stages = ffma_smem(rows, hd, 1), 1
+            smem, stages = ffma_smem(rows, hd, 1, item), 1
     per_sm = max(1, rt.smem_per_block // (smem + 1024))
     return max(1, rt.sm_count * per_sm // n_kv), stages, smem
 
@@ -141,26 +179,37 @@ def attend(
     max_keys: int | None = None,
     exact: bool = True,
     causal: bool = False,
+    ring: int = 0,
+    key_window: int = 0,
+    splits: int | None = None,
 ) -> None:
     """Split-KV attention (partial + combine launches) in query chunks of at most scratch.n_q
     rows. Query at position p sees key j iff window == 0 or |p - pos_j| <= window - 1; with
     `causal` the last m keys are the queries' own block rows and query row i sees block row j
     only when j <= i (is_causal drafters; every ctx key stays visible). With
     n_keys_base (a device int) the key count is n_keys + *n_keys_base, read on the device, and
-    max_keys bounds it (sizes the grid): the launches stay valid in a captured graph."""
-    exact = exact or hd not in TC_HEAD_DIMS
+    max_keys bounds it (sizes the grid): the launches stay valid in a captured graph.
+    k and v: float32, or uint16 bf16 bits (then the tensor cores below head_dim 256, `exact`
+    or not). ring > 0: logical key j lives in row j % ring; key_window > 0: only the last
+    key_window keys are read (a ring holds no more). splits: the split target (default: enough
+    blocks to fill the SMs, at most scratch.max_splits)."""
+    kv = "bf16" if k.dtype == np.uint16 else "f32"
+    path = "ffma" if hd not in TC_HEAD_DIMS or (exact and kv == "f32") else "tc"
     max_keys = max_keys or n_keys
+    if key_window:
+        max_keys = min(max_keys, key_window)
     group = n_head // n_kv
+    tile = TILE if path == "ffma" else TC_TILE
     for r0 in range(0, m, scratch.n_q):
         rows = min(scratch.n_q, m - r0)
         rpt = 1 << max(0, math.ceil(math.log2(max(1, (group * rows + 15) // 16))))
-        target, stages, smem = _splits(rt, n_kv, 16 * rpt, hd, exact)
-        target = min(target, scratch.max_splits)
-        grid_splits = max(1, min(target, -(-max_keys // (TILE if exact else TC_TILE))))
-        if exact:
-            spec, threads = FFMA[(rpt, max(1, 16 * rpt * hd // 1024))], THREADS
+        target, stages, smem = _splits(rt, n_kv, 16 * rpt, hd, path, KV_ITEM[kv])
+        target = min(splits or target, scratch.max_splits)
+        grid_splits = max(1, min(target, -(-max_keys // tile)))
+        if path == "ffma":
+            spec, threads = FFMA[(rpt, max(1, 16 * rpt * hd // 1024), kv)], THREADS
         else:  # one warp per 16 query rows
-            spec, threads = TC[(hd, rpt)], 32 * rpt
+            spec, threads = TC[(hd, rpt, kv)], 32 * rpt
         rt.launch(
             spec,
             (n_kv, grid_splits),
@@ -170,7 +219,7 @@ def attend(
             ldq=q.strides[0] // 4,
             K=k,
             V=v,
-            ldkv=k.strides[0] // 4,
+            ldkv=k.strides[0] // k.itemsize,
             qpos=q_pos[r0:],
             kpos=k_pos,
             n_q=rows,
@@ -185,13 +234,15 @@ def attend(
             q_row0=r0,
             scale=hd**-0.5,
             stages=stages,
+            ring=ring,
+            key_window=key_window,
             o_part=scratch.o_part,
             ml_part=scratch.ml_part,
         )
         rt.launch(
             COMBINE,
-            (n_head * rows,),
-            hd,
+            (-(-n_head * rows // COMBINE_ROWS),),
+            32 * COMBINE_ROWS,
             o_part=scratch.o_part,
             ml_part=scratch.ml_part,
             out=out[r0:],

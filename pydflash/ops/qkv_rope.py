@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..kernels import Family
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -14,13 +16,20 @@ MAX_HEAD_DIM = 512
 WARPS = 4  # QKV_WARPS in qkv_rope.cu: one warp per (row, head)
 
 FAMILY = Family("qkv_rope", {"ROPE_MAX_HD": MAX_HEAD_DIM})
-QKV_NORM_ROPE = FAMILY.kernel(
-    "qkv_norm_rope",
-    "const float* src, long long ld_src, int n_split, long long split_stride, "
-    "const float* bias, float* q_out, float* k_out, float* v_out, const int* row_base, "
-    "const float* q_norm, const float* k_norm, const int* pos, const float* inv_freq, "
-    "float rope_factor, int rows, int n_q, int n_kv, int hd, float eps",
-)
+
+
+def _sig(kv: str) -> str:
+    return (
+        "const float* src, long long ld_src, int n_split, long long split_stride, "
+        f"const float* bias, float* q_out, {kv}* k_out, {kv}* v_out, const int* row_base, "
+        "long long row0, int ring, long long keep_from, const float* q_norm, "
+        "const float* k_norm, const int* pos, const float* inv_freq, float rope_factor, "
+        "int rows, int n_q, int n_kv, int hd, float eps"
+    )
+
+
+QKV_NORM_ROPE = FAMILY.kernel("qkv_norm_rope", _sig("float"))  # f32 K/V (or q only)
+QKV_NORM_ROPE_BF16 = FAMILY.kernel("qkv_norm_rope_bf16", _sig("unsigned short"))  # bf16 K/V
 
 
 def qkv_norm_rope(
@@ -45,14 +54,21 @@ def qkv_norm_rope(
     k_norm: Any = None,
     row_base: Any = None,
     rope_factor: float = 1.0,
+    row0: int = 0,
+    ring: int = 0,
+    keep_from: int = 0,
 ) -> None:
     """src rows laid out q | k | v heads (n_split partials split_stride apart) -> normed and
     rotated q heads in q_out [rows, n_q*hd]; k (normed, rotated) and v heads into the cache
-    rows k_out/v_out from row *row_base (a device int; None = 0)."""
+    k_out/v_out (float32, or uint16 bf16 bits: rounded to nearest even): launch row r is the
+    logical row row0 + *row_base + r (row_base a device int; None = 0), stored in row
+    (logical % ring) when ring > 0, else in row logical; logical rows below keep_from are
+    skipped."""
     items = rows * (n_q + 2 * n_kv)
+    bf16 = k_out is not None and k_out.dtype == np.uint16
     if items:
         rt.launch(
-            QKV_NORM_ROPE,
+            QKV_NORM_ROPE_BF16 if bf16 else QKV_NORM_ROPE,
             (-(-items // WARPS),),
             32 * WARPS,
             src=src,
@@ -64,6 +80,9 @@ def qkv_norm_rope(
             k_out=k_out,
             v_out=v_out,
             row_base=row_base,
+            row0=row0,
+            ring=ring,
+            keep_from=keep_from,
             q_norm=q_norm,
             k_norm=k_norm,
             pos=pos,
