@@ -91,6 +91,17 @@ __device__ __forceinline__ void load_tile(unsigned char* stage, const float* X, 
     }
 }
 
+// D = A . B on the tensor cores (bf16, f32 accumulation) with a zero accumulator: the first
+// MMA of a chain.
+__device__ __forceinline__ void mma_bf16_first(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                               unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
 // Two int8 quants (bytes i, i+1 of w) -> bf16x2, exactly: 2^23 + (q + 128) as a float, minus
 // 2^23 + 128.
 __device__ __forceinline__ unsigned q8_pair(unsigned w, int i) {
@@ -212,39 +223,46 @@ __device__ __forceinline__ void gemm_tiles(const unsigned char* __restrict__ W,
                 al[mi][ks][3] = l8[1];
             }
         }
-        // B fragments: W row wn*64 + ni*8 + g, k 8t..8t+7 = (b0, b1) of step 0 then of step 1
+        // B fragments: W row wn*64 + ni*8 + g, k 8t..8t+7 = (b0, b1) of step 0 then of step 1.
+        // Per half of the n-tiles: the tile's sum of each output in its own registers (8
+        // independent MMA chains, so consecutive MMAs never wait on each other), then added to
+        // the accumulator in f32 (times the column's scale for the quantized formats).
         const uint4* wrow = reinterpret_cast<const uint4*>(wtile + (wn * 64 + g) * 64) + t;
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni) {
-            const uint4 b = wrow[ni * 8 * 4];
-            // each output's chain: step 0 hi, lo, step 1 hi, lo (the two m-tiles interleaved)
-            if constexpr (FMT == FMT_BF16) {
+        for (int half = 0; half < 2; ++half) {
+            uint4 b[4];
 #pragma unroll
-                for (int ks = 0; ks < 2; ++ks) {
-                    const unsigned b0 = ks ? b.z : b.x, b1 = ks ? b.w : b.y;
+            for (int j = 0; j < 4; ++j) b[j] = wrow[(half * 4 + j) * 8 * 4];
+            float s[2][4][4];
 #pragma unroll
-                    for (int mi = 0; mi < 2; ++mi) mma_bf16(acc[mi][ni], ah[mi][ks], b0, b1);
+            for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
-                    for (int mi = 0; mi < 2; ++mi) mma_bf16(acc[mi][ni], al[mi][ks], b0, b1);
-                }
-            } else {
-                // the tile's sum per output, then its column's scale (columns 2t, 2t + 1)
-                float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+                for (int lo = 0; lo < 2; ++lo)
 #pragma unroll
-                for (int ks = 0; ks < 2; ++ks) {
-                    const unsigned b0 = ks ? b.z : b.x, b1 = ks ? b.w : b.y;
+                    for (int j = 0; j < 4; ++j) {
+                        const unsigned b0 = ks ? b[j].z : b[j].x, b1 = ks ? b[j].w : b[j].y;
 #pragma unroll
-                    for (int mi = 0; mi < 2; ++mi) mma_bf16(s[mi], ah[mi][ks], b0, b1);
+                        for (int mi = 0; mi < 2; ++mi) {
+                            const unsigned(&a)[4] = lo ? al[mi][ks] : ah[mi][ks];
+                            if (ks == 0 && lo == 0) {
+                                mma_bf16_first(s[mi][j], a, b0, b1);
+                            } else {
+                                mma_bf16(s[mi][j], a, b0, b1);
+                            }
+                        }
+                    }
 #pragma unroll
-                    for (int mi = 0; mi < 2; ++mi) mma_bf16(s[mi], al[mi][ks], b0, b1);
-                }
-                const float2 d = *reinterpret_cast<const float2*>(sc + wn * 64 + ni * 8 + 2 * t);
+            for (int j = 0; j < 4; ++j) {
+                const int ni = half * 4 + j;
+                float2 d = make_float2(1.f, 1.f);  // columns 2t, 2t + 1
+                if constexpr (FMT != FMT_BF16)
+                    d = *reinterpret_cast<const float2*>(sc + wn * 64 + ni * 8 + 2 * t);
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) {
-                    acc[mi][ni][0] = fmaf(d.x, s[mi][0], acc[mi][ni][0]);
-                    acc[mi][ni][1] = fmaf(d.y, s[mi][1], acc[mi][ni][1]);
-                    acc[mi][ni][2] = fmaf(d.x, s[mi][2], acc[mi][ni][2]);
-                    acc[mi][ni][3] = fmaf(d.y, s[mi][3], acc[mi][ni][3]);
+                    acc[mi][ni][0] = fmaf(d.x, s[mi][j][0], acc[mi][ni][0]);
+                    acc[mi][ni][1] = fmaf(d.y, s[mi][j][1], acc[mi][ni][1]);
+                    acc[mi][ni][2] = fmaf(d.x, s[mi][j][2], acc[mi][ni][2]);
+                    acc[mi][ni][3] = fmaf(d.y, s[mi][j][3], acc[mi][ni][3]);
                 }
             }
         }

@@ -26,7 +26,7 @@ from .engine import Engine
 from .envelope import check_geometry
 from .errors import ShapeError
 from .kv import DflashKv, positions_ringable
-from .ops import attention, linear, norm, qkv_rope
+from .ops import attention, gemm, linear, norm, qkv_rope
 from .ops.elementwise import scatter_block_pos
 from .round_api import DraftApi
 from .round_buffers import INGEST_CHUNK, RoundBuffers
@@ -131,9 +131,10 @@ class DflashDraft(DraftApi):
             x = checks.f32_rows(e, taps, "taps", checks.count(t, "t"), c.n_taps * c.hidden)
             out = e.empty((t, c.hidden))
             if t:
-                ks = linear.k_splits(e, self.fc)
+                big = gemm.use_gemm(e, self.fc, t)  # many rows: the tiled GEMM, one partial
+                ks = 1 if big else linear.k_splits(e, self.fc)
                 part = e.empty((ks, t, c.hidden))
-                linear.project(e, self.fc, x, t, part, ksplit=ks, split_stride=t * c.hidden)
+                gemm.project_rows(e, self.fc, x, t, part, big, ks, t * c.hidden)
                 norm.residual_rms_norm(
                     e,
                     out,
@@ -194,21 +195,18 @@ class DflashDraft(DraftApi):
             # a ring keeps the last ring_rows rows of a long ingest: rows below are not written
             rings = [kv.layer_ring(li, c) for li in range(c.n_layer)]
             keep = [start + t - r if r else 0 for r in rings]
+            # many rows: the tiled GEMM, one partial over all of kv_part; else split-K chunks
+            big = all(gemm.use_gemm(e, la.kv, t) for la in self.layers)
+            chunk, ks = (
+                (buf.kv_part.size // (2 * c.kv_dim), 1) if big else (INGEST_CHUNK, buf.ks_kv)
+            )
             stride = INGEST_CHUNK * 2 * c.kv_dim
-            for r0 in range(0, t, INGEST_CHUNK):
-                m, row = min(INGEST_CHUNK, t - r0), start + r0
+            for r0 in range(0, t, chunk):
+                m, row = min(chunk, t - r0), start + r0
                 for li, layer in enumerate(self.layers):
                     if row + m <= keep[li]:
                         continue  # every row of this chunk is overwritten later in the ring
-                    linear.project(
-                        e,
-                        layer.kv,
-                        f[r0 : r0 + m],
-                        m,
-                        buf.kv_part,
-                        ksplit=buf.ks_kv,
-                        split_stride=stride,
-                    )
+                    gemm.project_rows(e, layer.kv, f[r0 : r0 + m], m, buf.kv_part, big, ks, stride)
                     qkv_rope.qkv_norm_rope(
                         e,
                         buf.kv_part,
@@ -220,7 +218,7 @@ class DflashDraft(DraftApi):
                         kv.pos[row:],
                         buf.inv_freq[li],
                         c.eps,
-                        n_split=buf.ks_kv,
+                        n_split=ks,
                         split_stride=stride,
                         bias=layer.kv_bias,
                         k_out=kv.k[li],

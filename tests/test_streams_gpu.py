@@ -8,7 +8,15 @@ reads results before they exist); `tools/prove_stream_tests.sh` shows it on a de
 import numpy as np
 import pytest
 
-from pydflash.testing import TOLERANCE, random_inputs, reference_for, rel
+from pydflash.testing import (
+    TOLERANCE,
+    assert_paths_agree,
+    features_path,
+    ingest_path,
+    random_inputs,
+    reference_for,
+    rel,
+)
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
@@ -91,16 +99,17 @@ def user_calls(case, e=None, d=None):
     whole = cp.asnumpy(d.ctx_features(e, cp.asarray(taps), CTX))
     junk = scribble(taps.shape)
     assert rel(whole, case.feats) < TOL
-    pieces = []
-    for a, b in zip(case.cuts, case.cuts[1:]):
-        pieces.append(cp.asnumpy(d.ctx_features(e, cp.asarray(taps[a:b]), b - a)))
+    for a, b in zip(case.cuts, case.cuts[1:]):  # bit for bit on the same projection path
+        piece = cp.asnumpy(d.ctx_features(e, cp.asarray(taps[a:b]), b - a))
         junk = scribble(taps[a:b].shape)
-    np.testing.assert_array_equal(np.concatenate(pieces), whole)
+        same = features_path(e, d, b - a) == features_path(e, d, CTX)
+        assert_paths_agree(piece, whole[a:b], same, f"ctx_features rows {a}:{b}")
 
     block = cp.asnumpy(d.forward_block(e, cp.asarray(whole), cp.asarray(noise), pos, CTX))
     junk = scribble(whole.shape, noise.shape)
     kv = DflashKv(e, c, CTX + 5)
-    for a, b in zip(case.cuts, case.cuts[1:]):  # fresh features and device positions each time
+    pairs = list(zip(case.cuts, case.cuts[1:]))
+    for a, b in pairs:  # fresh features and device positions each time
         d.ingest_ctx(e, kv, cp.asarray(whole[a:b]), cp.asarray(pos[a:b]), b - a)
         junk = scribble(whole[a:b].shape)
     user_out = cp.full((c.block_size, c.hidden), np.nan, np.float32)
@@ -109,7 +118,8 @@ def user_calls(case, e=None, d=None):
         junk = scribble(noise.shape)
         rnd = cp.asnumpy(user_out)
         assert rel(rnd, case.expect) < TOL
-        np.testing.assert_array_equal(rnd, block)
+        same = all(ingest_path(e, d, b - a) == ingest_path(e, d, CTX) for a, b in pairs)
+        assert_paths_agree(rnd, block, same, "ingest in pieces vs forward_block", kv.dtype)
 
     tokens = cp.asnumpy(d.draft_tokens(e, cp.asarray(rnd), cp.asarray(case.lm), case.last))
     junk = scribble(case.lm.shape)

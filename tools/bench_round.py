@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pydflash.ops import gemm  # noqa: E402
 from pydflash.weights import PRECISIONS  # noqa: E402
 from tools.make_checkpoint import PRESETS, make_checkpoint  # noqa: E402
 
@@ -54,6 +55,22 @@ def copy_bandwidth(cp, stream, nbytes: int = 2 << 30) -> float:
         cp, stream, lambda: dst.data.copy_from_device_async(src.data, nbytes, stream), repeats=20
     )
     return 2 * nbytes / (ms * 1e-3)
+
+
+def tensor_rate(cp, stream, n: int = 8192) -> float:
+    """Tensor-core FLOP/s measured now: cuBLAS (CuPy's float16 matmul) on n^3, the rate bf16
+    matrix work can reach on this device (the GEMM floors divide FLOP by it)."""
+    with stream:
+        a = cp.random.standard_normal((n, n), dtype=np.float32).astype(np.float16)
+        b = cp.random.standard_normal((n, n), dtype=np.float32).astype(np.float16)
+        c = cp.empty((n, n), np.float16)
+
+    def product():
+        with stream:
+            cp.matmul(a, b, out=c)
+
+    ms = timed(cp, stream, product, repeats=10, warmup=3)
+    return 2 * n**3 / (ms * 1e-3)
 
 
 def host_us_per_call(cp, fn, calls: int = 40, batches: int = 25) -> float:
@@ -108,6 +125,7 @@ def bench_precision(
     rng: np.random.Generator,
     lm_bits,
     propose: bool = False,
+    rate: float | None = None,
 ) -> list[tuple]:
     """(label, precision, op, median ms, weight bytes, extra bytes) rows for one precision."""
     from pydflash import DflashDraft
@@ -178,6 +196,15 @@ def bench_precision(
             2 * item * c.kv_dim * sum(min(4096, k.shape[0]) for k in kv_in.k) + 4096 * c.hidden * 4,
         )
     )
+    if rate and gemm.use_gemm(e, d.layers[0].kv, 4096):  # its FLOP floor (the tensor cores)
+        useful = sum(gemm.flops(4096, la.kv.out_features, la.kv.in_features)[0] for la in d.layers)
+        floor = useful / rate * 1e3
+        print(
+            f"ingest_ctx 4096 rows ({precision}, GEMM path): {t_in4k:.3f} ms, "
+            f"{useful / 1e9:.0f} GFLOP = {useful / t_in4k / 1e9:.0f} TFLOP/s; FLOP floor "
+            f"{floor:.3f} ms at the measured {rate / 1e12:.0f} TFLOP/s, ratio {t_in4k / floor:.2f} "
+            f"(the hi/lo split issues twice the FLOP: floor {2 * floor:.3f} ms)"
+        )
 
     vocab = lm_bits.shape[0]
     hidden = d.forward_round(e, kv, noise, pos_block)
@@ -229,7 +256,11 @@ def main(argv: list[str] | None = None) -> int:
 
     e = Engine(0)
     bw = copy_bandwidth(cp, e.stream)
-    print(f"device {e.name} ({e.arch}, {e.sm_count} SMs); copy bandwidth {bw / 1e12:.3f} TB/s")
+    rate = tensor_rate(cp, e.stream)
+    print(
+        f"device {e.name} ({e.arch}, {e.sm_count} SMs); copy bandwidth {bw / 1e12:.3f} TB/s; "
+        f"tensor rate (cuBLAS f16 8192^3) {rate / 1e12:.0f} TFLOP/s"
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -244,7 +275,17 @@ def main(argv: list[str] | None = None) -> int:
             lm_bits = synthetic_lm_head(cp, cfg.vocab_size or 151936, cfg.hidden)
         for precision in args.precision:
             rows += bench_precision(
-                cp, e, ckpt, label, precision, args.ctx, args.rounds, rng, lm_bits, args.propose
+                cp,
+                e,
+                ckpt,
+                label,
+                precision,
+                args.ctx,
+                args.rounds,
+                rng,
+                lm_bits,
+                args.propose,
+                rate,
             )
             cp.get_default_memory_pool().free_all_blocks()
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import DeviceError, ShapeError
 from ..kernels import Family
+from . import linear
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -31,10 +32,11 @@ FORMATS = ("bf16", "q8_0", "q4_0")
 _RAW_ROW = {"bf16": 64, "q8_0": 32, "q4_0": 16}  # bytes of a W row per k-tile
 MAX_GRID_Y = 65535
 
-# Rows from which a call takes the GEMM (measured on an H200 at the qwen3-8b kv projection:
-# tools/bench_kernels.py --gemm prints both paths per row count).
-MIN_ROWS = 192
-
+# Rows from which a call takes the GEMM: past the crossover with the decode kernel measured on
+# an H200 at the qwen3-8b kv projection, about 415 rows in bf16 / q8_0 / q4_0 (up to one wave of
+# blocks, M <= 1024, the GEMM takes ~155 us flat, the decode kernel 0.37-0.47 us a row;
+# tools/bench_kernels.py --gemm-only prints both paths per row count).
+MIN_ROWS = 448
 
 
 def smem_bytes(fmt: str) -> int:
@@ -137,3 +139,22 @@ def matmul(rt: Runtime, w: GpuTensor, x: Any, m: int, out: Any) -> None:
             N=n,
             K=k,
         )
+
+
+def project_rows(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    part: Any,
+    big: bool,
+    ksplit: int,
+    split_stride: int,
+) -> None:
+    """The projection of m rows on the path their call takes (`big` = use_gemm): the GEMM,
+    one partial over the start of `part` (rows of w.out_features, n_split = 1 for the
+    consumer), or linear.project's `ksplit` partials split_stride apart."""
+    if big:
+        matmul(rt, w, x, m, part.reshape(-1, w.out_features))
+    else:
+        linear.project(rt, w, x, m, part, ksplit=ksplit, split_stride=split_stride)
