@@ -119,6 +119,22 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Programmatic dependent launch (sm_90+; no-ops before): a kernel launched with the
+// programmatic-serialization attribute may start while the previous kernel in the stream still
+// runs. pdl_wait() blocks until that kernel has completed and its writes are visible: a kernel
+// reads nothing the previous kernels wrote, and writes nothing, before it. pdl_trigger() lets
+// the next such kernel start early (its blocks are scheduled once every block here has run it).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // The [begin, end) range of split `split` when `n` items, in units of `unit`, are cut into at
 // most `n_splits` ranges of whole units. The cut depends on n only (never on the grid), so
 // every path that sees the same items sums them in the same order; splits past the last

@@ -26,6 +26,10 @@
 // y = z / T) that sampling.cu's sample_finish combines. Nothing of size [M, N] is written unless
 // Y is given.
 //
+// Integer quants become bf16 with bit tricks, exact and without int->float instructions
+// (q8x4_to_bf16x2, q4x8_to_bf16x2). Launched with programmatic dependent launch
+// (pydflash/pdl.py): the kernel waits for the previous one with pdl_wait() before any load.
+//
 // Storage (see pydflash/tensor.py): bf16 [N, K] u16; f32 [N, K]; q8_0 qs int8 [N, K] + d f16
 // [N, K/32]; q4_0 qs [N, K/2] (per 32-block: byte j = element j low nibble, j+16 high nibble,
 // the GGML order) + d f16 [N, K/32]. K % 32 == 0 always.
@@ -69,9 +73,43 @@ __device__ __forceinline__ float sample_value(const SampleArgs& sa, float* Y, lo
     return v;
 }
 
-// int8 pair -> bf16x2 (exact: |q| <= 128).
-__device__ __forceinline__ unsigned i8x2_to_bf16x2(int q0, int q1) {
-    return pack_bf16x2((float)q0, (float)q1);
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+    unsigned r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+// bf16x2 a * 1 + c, exact whenever the result is representable (removes a magic-number bias)
+__device__ __forceinline__ unsigned bf16x2_add(unsigned a, unsigned c) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(0x3F803F80u), "r"(c));
+    return r;
+}
+
+// 4 signed q8 bytes -> two bf16 pairs, exact, no int->float conversion instruction: byte b
+// becomes f32 bits 0x4B0000|(b^0x80) = 2^23 + 128 + b, minus 2^23 + 128.
+__device__ __forceinline__ void q8x4_to_bf16x2(unsigned x, unsigned& p01, unsigned& p23) {
+    const unsigned u = x ^ 0x80808080u;
+    const float magic = 8388736.f;  // 2^23 + 128
+    const float q0 = __uint_as_float(prmt(u, 0x4B000000u, 0x7650u)) - magic;
+    const float q1 = __uint_as_float(prmt(u, 0x4B000000u, 0x7651u)) - magic;
+    const float q2 = __uint_as_float(prmt(u, 0x4B000000u, 0x7652u)) - magic;
+    const float q3 = __uint_as_float(prmt(u, 0x4B000000u, 0x7653u)) - magic;
+    p01 = pack_bf16x2(q0, q1);
+    p23 = pack_bf16x2(q2, q3);
+}
+
+// 4 q4 bytes (byte i: low nibble k = 4t+i, high nibble k = 16+4t+i) -> the bf16 pairs of the
+// low nibbles (k 4t.., 4t+2..) and the high ones, exact: nibble n becomes bf16 bits 0x4300|n =
+// 128 + n, then 128 + n - 136 = n - 8.
+__device__ __forceinline__ void q4x8_to_bf16x2(unsigned v, unsigned (&o)[4]) {
+    const unsigned b01 = prmt(v, 0u, 0x4140u);  // b1 << 16 | b0
+    const unsigned b23 = prmt(v, 0u, 0x4342u);  // b3 << 16 | b2
+    const unsigned neg136 = 0xC308C308u;        // bf16x2 (-136, -136)
+    o[0] = bf16x2_add((b01 & 0x000F000Fu) | 0x43004300u, neg136);
+    o[1] = bf16x2_add((b23 & 0x000F000Fu) | 0x43004300u, neg136);
+    o[2] = bf16x2_add(((b01 >> 4) & 0x000F000Fu) | 0x43004300u, neg136);
+    o[3] = bf16x2_add(((b23 >> 4) & 0x000F000Fu) | 0x43004300u, neg136);
 }
 
 // One lane's 8 weights of one row in one 32-chunk, as 4 registers of bf16 pairs, and the
@@ -98,24 +136,10 @@ struct ChunkLoad {
             out[2] = raw.z;
             out[3] = raw.w;
         } else if (FMT == FMT_Q8_0) {
-            const int x = (int)raw.x, y = (int)raw.y;
-            out[0] = i8x2_to_bf16x2((x << 24) >> 24, (x << 16) >> 24);
-            out[1] = i8x2_to_bf16x2((x << 8) >> 24, x >> 24);
-            out[2] = i8x2_to_bf16x2((y << 24) >> 24, (y << 16) >> 24);
-            out[3] = i8x2_to_bf16x2((y << 8) >> 24, y >> 24);
+            q8x4_to_bf16x2(raw.x, out[0], out[1]);
+            q8x4_to_bf16x2(raw.y, out[2], out[3]);
         } else {
-            // bytes b0..b3 hold k = 4t+i (low nibble) and 16+4t+i (high nibble)
-            const unsigned v = raw.x;
-            int lo[4], hi[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                lo[i] = (int)((v >> (8 * i)) & 15u) - 8;
-                hi[i] = (int)((v >> (8 * i + 4)) & 15u) - 8;
-            }
-            out[0] = i8x2_to_bf16x2(lo[0], lo[1]);
-            out[1] = i8x2_to_bf16x2(lo[2], lo[3]);
-            out[2] = i8x2_to_bf16x2(hi[0], hi[1]);
-            out[3] = i8x2_to_bf16x2(hi[2], hi[3]);
+            q4x8_to_bf16x2(raw.x, out);
         }
     }
     // chunk-relative k of elements 0..3 and of elements 4..7 of lane t
@@ -154,6 +178,8 @@ __device__ __forceinline__ void linear_mma(const unsigned char* __restrict__ W,
     const int c_begin = blockIdx.z * chunks_per_split;
     const int c_end = min(nchunks, c_begin + chunks_per_split);
     Y += (long long)blockIdx.z * split_stride;
+    pdl_trigger();  // the next kernel (if launched with PDL) may start queuing
+    pdl_wait();     // launched with PDL: the previous kernel's outputs are visible from here
 
     float acc[2][NT][4];
 #pragma unroll

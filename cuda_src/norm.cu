@@ -17,6 +17,7 @@ extern "C" __global__ void residual_rms_norm(const float* part, int n_split, lon
                                              const float* bias, const float* __restrict__ w,
                                              float* out, int n, float eps) {
     __shared__ float scratch[32];
+    pdl_trigger();  // the next linear may start streaming its weights now
     const long long base = (long long)blockIdx.x * n;
     float ss = 0.f;
     if ((n & 3) == 0 && n <= 4 * RMS_VEC * (int)blockDim.x) {

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import kernels
 from .errors import DeviceError, KernelCompileError, ShapeError
+from .pdl import PdlLauncher
 
 try:  # CuPy is an optional extra (cuda12 / cuda13); the CPU parts of pydflash work without it.
     import cupy as cp
@@ -101,6 +102,9 @@ class Runtime:
         # opt-in shared memory per block (227 KiB on H100/H200, 163 KiB on A100, 99 KiB sm_89)
         self.smem_per_block = int(self.device.attributes["MaxSharedMemoryPerBlockOptin"])
         self._functions: dict[kernels.KernelSpec, Any] = {}
+        self._pdl = PdlLauncher(int(props["major"]))
+        # programmatic dependent launch for the kernels that support it (Runtime.launch)
+        self.use_pdl = True
         self._smem_set: dict[kernels.KernelSpec, int] = {}
 
     # -- stream ordering ----------------------------------------------------------------------
@@ -158,16 +162,29 @@ class Runtime:
         return fn
 
     def launch(
-        self, spec: kernels.KernelSpec, grid: Sequence[int], block: int, smem: int = 0, **args: Any
+        self,
+        spec: kernels.KernelSpec,
+        grid: Sequence[int],
+        block: int,
+        smem: int = 0,
+        *,
+        pdl: bool = False,
+        **args: Any,
     ) -> None:
         """Queue `spec` on the current stream (entry points make the runtime stream current),
         its arguments cast from the spec. Dynamic shared memory over 48 KiB is opted in once
-        per kernel."""
+        per kernel. pdl=True (only for kernels that call pdl_wait() before reading earlier
+        kernels' results) lets it start while the previous kernel finishes, on sm_90+."""
         fn = self.function(spec)
         if smem > 48 * 1024 and self._smem_set.get(spec, 0) < smem:
             fn.max_dynamic_shared_size_bytes = smem
             self._smem_set[spec] = smem
-        fn(tuple(grid), (block,), spec.args(args), shared_mem=smem)
+        values = spec.args(args)
+        if pdl and self.use_pdl and self._pdl.available:
+            stream = cp.cuda.get_current_stream().ptr
+            self._pdl.launch(fn.kernel.ptr, grid, block, smem, stream, values, spec.name)
+        else:
+            fn(tuple(grid), (block,), values, shared_mem=smem)
 
     # -- memory -------------------------------------------------------------------------------
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> cp.ndarray:

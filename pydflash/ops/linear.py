@@ -151,6 +151,7 @@ def project(
         MMA[(w.fmt, epilogue, nt1)],
         grid,
         32 * WARPS,
+        pdl=True,
         W=w.data,
         scales=w.scales,
         X=x,
@@ -221,4 +222,4 @@ def project_sample(
         return
     nt1 = m <= 8
     grid = (-(-m // (8 if nt1 else 16)), -(-n // ROWS_PER_BLOCK), 1)
-    rt.launch(SAMPLE[(w.fmt, nt1)], grid, 32 * WARPS, **args)
+    rt.launch(SAMPLE[(w.fmt, nt1)], grid, 32 * WARPS, pdl=True, **args)

@@ -1,0 +1,126 @@
+"""The decode linear (linear.cu tensor-core path) against NumPy: integer-exact quant decoding,
+K edges and split plans, ragged rows, unaligned scale views, results independent of the batch
+and of programmatic dependent launch (skipped without CUDA)."""
+
+import numpy as np
+import pytest
+
+from pydflash.testing import rel
+
+cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
+
+FORMATS = ["bf16", "q8_0", "q4_0"]
+
+
+def _poisoned(e, shape):
+    out = e.empty(shape)
+    out.fill(np.nan)
+    return out
+
+
+def _integer_weights(rng, fmt, n, k):
+    """Rows whose GGML scale is exactly 1 (q8_0: |max| 127; q4_0: max-abs element -8), so every
+    quant equals the integer weight and a product with small-integer activations is exact."""
+    if fmt == "q4_0":
+        w = rng.integers(-7, 8, (n, k)).astype(np.float32)
+        w[:, ::32] = -8.0
+    else:
+        w = rng.integers(-126, 127, (n, k)).astype(np.float32)
+        w[:, ::32] = 127.0
+    return w
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16"])
+def test_integer_weights_and_activations_are_exact(engine, rng, fmt):
+    from pydflash import GpuTensor
+    from pydflash.ops import linear
+
+    e, n, k, m = engine, 96, 1120, 16  # 35 chunks: an odd count, a partial unroll group
+    w_h = _integer_weights(rng, fmt, n, k)
+    if fmt == "bf16":
+        w_h = rng.integers(-100, 101, (n, k)).astype(np.float32)  # exact in bf16
+    w = GpuTensor.from_host(e, w_h, fmt)
+    np.testing.assert_array_equal(w.dequantize(), w_h)
+    x = rng.integers(-3, 4, (m, k)).astype(np.float32)
+    out = _poisoned(e, (m, n))
+    with e.ordered():
+        linear.project(e, w, e.htod(x), m, out)
+    np.testing.assert_array_equal(e.dtoh(out), x.astype(np.float64) @ w_h.T.astype(np.float64))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n", [40, 1000, 9000])  # ragged last row blocks, many split plans
+@pytest.mark.parametrize("k", [32, 544, 1120, 2880])
+def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k):
+    from pydflash import GpuTensor
+    from pydflash.ops import linear
+
+    e = engine
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    wd = w.dequantize().astype(np.float64)
+    for m in (1, 7, 16):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        ks = linear.k_splits(e, w)
+        part = _poisoned(e, (ks, m, n))
+        with e.ordered():
+            linear.project(e, w, e.htod(x), m, part, ksplit=ks, split_stride=m * n)
+        got = e.dtoh(part)
+        assert not np.isnan(got).any()
+        assert rel(got.sum(0), x @ wd.T) < 2e-5, (m, ks)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("epi", ["store", "add", "silu_mul"])
+def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, fmt, epi):
+    from pydflash import GpuTensor
+    from pydflash.ops import linear
+
+    e, n, k = engine, 2048, 2880
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    x = e.htod(rng.standard_normal((16, k)).astype(np.float32))
+    cols = n // 2 if epi == "silu_mul" else n
+    res = e.htod(rng.standard_normal((16, cols)).astype(np.float32))
+
+    def run(m, rows, pdl):
+        out = _poisoned(e, (m, cols))
+        e.use_pdl = pdl
+        try:
+            with e.ordered():
+                r = res[rows] if epi == "add" else None
+                linear.project(e, w, x[rows], m, out, epi, r)
+        finally:
+            e.use_pdl = True
+        return e.dtoh(out)
+
+    full = run(16, slice(0, 16), True)
+    assert not np.isnan(full).any()
+    np.testing.assert_array_equal(run(16, slice(0, 16), False), full)
+    for i in (0, 5, 15):
+        np.testing.assert_array_equal(run(1, slice(i, i + 1), True)[0], full[i])
+    np.testing.assert_array_equal(run(9, slice(3, 12), True), full[3:12])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_row_view_with_unaligned_scales_equals_the_full_product(engine, rng, fmt):
+    """rows(3, n) of a K = 1120 (35 chunks) quant starts its scales 2 bytes into a word."""
+    from pydflash import GpuTensor
+    from pydflash.ops import linear
+
+    e, n, k, m = engine, 300, 1120, 16
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    view = w.rows(3, n)
+    x = e.htod(rng.standard_normal((m, k)).astype(np.float32))
+    full, part = _poisoned(e, (m, n)), _poisoned(e, (m, n - 3))
+    with e.ordered():
+        linear.project(e, w, x, m, full)
+        linear.project(e, view, x, m, part)
+    np.testing.assert_array_equal(e.dtoh(part), e.dtoh(full)[:, 3:])
+
+
+def test_wrap_refuses_a_misaligned_pointer(engine):
+    from pydflash import GpuTensor
+    from pydflash.errors import ShapeError
+
+    buf = cp.zeros(64 * 33, np.uint16)
+    with pytest.raises(ShapeError, match="16-byte aligned"):
+        GpuTensor.wrap(engine, buf[1 : 1 + 64 * 32].reshape(32, 64))
