@@ -654,37 +654,53 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
         const bf16_bits* Ks = Kt + slot * TT * BS;
         const bf16_bits* Vs = Vt + slot * TT * BS;
 
-        // S = Q K^T: B fragment of n-tile j, k-step s = K[8j+g][16s+2t, +1] and [.. +8, +9]
+        // S = Q K^T: B fragment of n-tile j, k-step s = K[8j+g][16s+2t, +1] and [.. +8, +9].
+        // The hi products of every n-tile, then the lo ones: NS independent MMAs between two
+        // on the same accumulator.
         float sacc[NS][4];
 #pragma unroll
         for (int j = 0; j < NS; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
 #pragma unroll
         for (int s = 0; s < KS; ++s) {
+            unsigned b0[NS], b1[NS];
 #pragma unroll
             for (int j = 0; j < NS; ++j) {
                 const bf16_bits* kb = Ks + (8 * j + g) * BS + 16 * s + 2 * t;
-                const unsigned b0 = *reinterpret_cast<const unsigned*>(kb);
-                const unsigned b1 = *reinterpret_cast<const unsigned*>(kb + 8);
-                mma_bf16(sacc[j], rows.qa_hi[s], b0, b1);
-                mma_bf16(sacc[j], rows.qa_lo[s], b0, b1);
+                b0[j] = *reinterpret_cast<const unsigned*>(kb);
+                b1[j] = *reinterpret_cast<const unsigned*>(kb + 8);
             }
+#pragma unroll
+            for (int j = 0; j < NS; ++j) mma_bf16(sacc[j], rows.qa_hi[s], b0[j], b1[j]);
+#pragma unroll
+            for (int j = 0; j < NS; ++j) mma_bf16(sacc[j], rows.qa_lo[s], b0[j], b1[j]);
         }
         tc_softmax(sacc, o, m_run, l_run, rows, kp + slot * TT, kt, k_end, window, causal_rows,
                    first_block_key, scale);
-        // O += P V: per k-step of 16 keys, ldmatrix.trans gives the B fragments of two n-tiles
-        // (lanes 0-7: keys 0-7 / dims 8n..; 8-15: keys 8-15; 16-23, 24-31: dims 8n+8..)
+        // O += P V: per k-step of 16 keys, each ldmatrix.trans gives the B fragments of two
+        // n-tiles (lanes 0-7: keys 0-7 / dims 8n..; 8-15: keys 8-15; 16-23, 24-31: dims
+        // 8n+8..); NG n-tiles at a time, hi products then lo ones (NG independent MMAs apart)
+        constexpr int NG = ND < 4 ? ND : 4;
 #pragma unroll
         for (int s = 0; s < TT / 16; ++s) {
             unsigned pa_hi[4], pa_lo[4];
             p_fragments(sacc, s, pa_hi, pa_lo);
 #pragma unroll
-            for (int nt = 0; nt < ND; nt += 2) {
-                unsigned vb[4];
-                ldsm_x4_trans(vb, Vs + (16 * s + (lane & 15)) * BS + 8 * (nt + (lane >> 4)));
-                mma_bf16(o[nt], pa_hi, vb[0], vb[1]);
-                mma_bf16(o[nt], pa_lo, vb[0], vb[1]);
-                mma_bf16(o[nt + 1], pa_hi, vb[2], vb[3]);
-                mma_bf16(o[nt + 1], pa_lo, vb[2], vb[3]);
+            for (int nt = 0; nt < ND; nt += NG) {
+                unsigned vb[NG / 2][4];
+#pragma unroll
+                for (int q2 = 0; q2 < NG / 2; ++q2)
+                    ldsm_x4_trans(
+                        vb[q2], Vs + (16 * s + (lane & 15)) * BS + 8 * (nt + 2 * q2 + (lane >> 4)));
+#pragma unroll
+                for (int q2 = 0; q2 < NG / 2; ++q2) {
+                    mma_bf16(o[nt + 2 * q2], pa_hi, vb[q2][0], vb[q2][1]);
+                    mma_bf16(o[nt + 2 * q2 + 1], pa_hi, vb[q2][2], vb[q2][3]);
+                }
+#pragma unroll
+                for (int q2 = 0; q2 < NG / 2; ++q2) {
+                    mma_bf16(o[nt + 2 * q2], pa_lo, vb[q2][0], vb[q2][1]);
+                    mma_bf16(o[nt + 2 * q2 + 1], pa_lo, vb[q2][2], vb[q2][3]);
+                }
             }
         }
     }
@@ -716,8 +732,10 @@ ATT_TC_ENTRIES(64)
 ATT_TC_ENTRIES(128)
 
 // One warp per (head, query) row, 4 rows a block of 128 threads; lane c holds the dims
-// 4c..4c+3 (+128 for hd 256): out [n_q, n_head*hd] row stride ldo. Every lane sums the splits
-// in order, so the result depends on the partials only.
+// 4c..4c+3 (+128 for hd 256): out [n_q, n_head*hd] row stride ldo. The splits' (max, sum) are
+// read by the lanes in parallel (32 splits a pass), their weights broadcast, and the partial O
+// rows summed in split order with no branch between the loads (a split that saw no visible key
+// has weight 0 and an O of zeros), so the result depends on the partials only.
 extern "C" __global__ void __launch_bounds__(128)
     attn_combine(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                  float* __restrict__ out, long long ldo, int n_q, int n_head, int hd,
@@ -729,31 +747,41 @@ extern "C" __global__ void __launch_bounds__(128)
     const int h = (int)(row / n_q), i = (int)(row % n_q);
     const int hd4 = hd >> 2;
     float M = neg_inf();
-    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml_part[(s * split_rows + row) * 2]);
+    for (int s = lane; s < n_splits; s += 32) M = fmaxf(M, ml_part[(s * split_rows + row) * 2]);
+    M = warp_max(M);
     float L = 0.f;
     float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
-    for (int s = 0; s < n_splits; ++s) {
-        const float m = ml_part[(s * split_rows + row) * 2];
-        if (m == neg_inf()) continue;  // a split that saw no visible key
-        const float w = expf(m - M);
-        L = fmaf(w, ml_part[(s * split_rows + row) * 2 + 1], L);
-        const float4* src = reinterpret_cast<const float4*>(o_part + (s * split_rows + row) * hd);
+    for (int s0 = 0; s0 < n_splits; s0 += 32) {
+        float w = 0.f, wl = 0.f;
+        if (s0 + lane < n_splits) {
+            const float m = ml_part[((s0 + lane) * split_rows + row) * 2];
+            w = m == neg_inf() ? 0.f : expf(m - M);
+            wl = w * ml_part[((s0 + lane) * split_rows + row) * 2 + 1];
+        }
+        L += warp_sum(wl);
+        const int cnt = min(32, n_splits - s0);
+#pragma unroll 8
+        for (int k = 0; k < cnt; ++k) {
+            const float wk = __shfl_sync(0xffffffffu, w, k);
+            const float4* src =
+                reinterpret_cast<const float4*>(o_part + ((s0 + k) * split_rows + row) * hd);
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int c = lane + 32 * k;
-            if (c < hd4) {
-                const float4 v = src[c];
-                acc[k].x = fmaf(w, v.x, acc[k].x);
-                acc[k].y = fmaf(w, v.y, acc[k].y);
-                acc[k].z = fmaf(w, v.z, acc[k].z);
-                acc[k].w = fmaf(w, v.w, acc[k].w);
+            for (int c = 0; c < 2; ++c) {
+                if (lane + 32 * c < hd4) {
+                    const float4 v = src[lane + 32 * c];
+                    acc[c].x = fmaf(wk, v.x, acc[c].x);
+                    acc[c].y = fmaf(wk, v.y, acc[c].y);
+                    acc[c].z = fmaf(wk, v.z, acc[c].z);
+                    acc[c].w = fmaf(wk, v.w, acc[c].w);
+                }
             }
         }
     }
     float4* dst = reinterpret_cast<float4*>(out + (long long)i * ldo + (long long)h * hd);
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const int c = lane + 32 * k;
-        if (c < hd4) dst[c] = make_float4(acc[k].x / L, acc[k].y / L, acc[k].z / L, acc[k].w / L);
+    for (int c = 0; c < 2; ++c) {
+        if (lane + 32 * c < hd4)
+            dst[c * 32 + lane] =
+                make_float4(acc[c].x / L, acc[c].y / L, acc[c].z / L, acc[c].w / L);
     }
 }

@@ -145,19 +145,25 @@ class Scratch:
         self.ml_part = rt.empty((max_splits, n_head, self.n_q, 2), np.float32)
 
 
-def _splits(
-    rt: Runtime, n_kv: int, rows: int, hd: int, path: str, item: int
-) -> tuple[int, int, int]:
-    """(target splits, stages, shared memory bytes) of one partial launch on `path` ("ffma" or
-    "tc"): enough blocks for every SM at the occupancy its shared memory allows."""
-    if path == "tc":
-        smem, stages = tc_smem(hd, "bf16" if item == 2 else "f32"), 1
-    else:
-        smem, stages = ffma_smem(rows, hd, 2, item), 2
-        if smem > rt.smem_per_block:
-            smem, stages = ffma_smem(rows, hd, 1, item), 1
+def _splits(rt: Runtime, n_kv: int, smem: int, spec: Any, threads: int) -> int:
+    """The split target of one partial launch: enough blocks for every SM at the occupancy
+    its shared memory and its registers (read from the compiled kernel) allow."""
     per_sm = max(1, rt.smem_per_block // (smem + 1024))
-    return max(1, rt.sm_count * per_sm // n_kv), stages, smem
+    regs = int(getattr(rt.function(spec), "num_regs", 0) or 0)
+    if regs:  # 64K registers an SM; a warp's are allocated in units of 256
+        warp_regs = -(-regs * 32 // 256) * 256
+        per_sm = max(1, min(per_sm, 65536 // (warp_regs * threads // 32)))
+    return max(1, rt.sm_count * per_sm // n_kv)
+
+
+def _smem(rt: Runtime, rows: int, hd: int, path: str, kv: str) -> tuple[int, int]:
+    """(shared memory bytes, FFMA stages) of one partial launch."""
+    if path == "tc":
+        return tc_smem(hd, kv), 1
+    smem = ffma_smem(rows, hd, 2, KV_ITEM[kv])
+    if smem <= rt.smem_per_block:
+        return smem, 2
+    return ffma_smem(rows, hd, 1, KV_ITEM[kv]), 1
 
 
 def attend(
@@ -203,13 +209,13 @@ def attend(
     for r0 in range(0, m, scratch.n_q):
         rows = min(scratch.n_q, m - r0)
         rpt = 1 << max(0, math.ceil(math.log2(max(1, (group * rows + 15) // 16))))
-        target, stages, smem = _splits(rt, n_kv, 16 * rpt, hd, path, KV_ITEM[kv])
-        target = min(splits or target, scratch.max_splits)
-        grid_splits = max(1, min(target, -(-max_keys // tile)))
         if path == "ffma":
             spec, threads = FFMA[(rpt, max(1, 16 * rpt * hd // 1024), kv)], THREADS
         else:  # one warp per 16 query rows
             spec, threads = TC[(hd, rpt, kv)], 32 * rpt
+        smem, stages = _smem(rt, 16 * rpt, hd, path, kv)
+        target = min(splits or _splits(rt, n_kv, smem, spec, threads), scratch.max_splits)
+        grid_splits = max(1, min(target, -(-max_keys // tile)))
         rt.launch(
             spec,
             (n_kv, grid_splits),
