@@ -12,9 +12,30 @@ from pydflash.testing import random_inputs, rel
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
-# GPU vs a float64 reference modelling the same K/V storage: what is left is f32 rounding
-# (bf16 K/V are exact operands): ~1e-5 in every precision (the weights are the GPU's own).
+# GPU vs a float64 reference modelling the same K/V storage (the weights are the GPU's own).
+# f32 K/V: what is left is f32 rounding, ~1e-5.
 LIKE_WITH_LIKE = 2e-4
+# bf16 K/V: each side rounds its own float32 K/V, and those differ by f32 rounding (~1e-5
+# relative in the bf16 precision), so a value that close to a rounding tie lands on the other
+# bf16 neighbour (~0.5% of them): emulated on the reference (tiny random models), that moves a
+# round's output by 1e-4..5e-4 (the second device run saw 2e-4 exceeded). The writer is checked
+# value by value (bf16_writer_matches), the rings bit for bit against rings=False.
+FLIPS = 2e-3
+
+
+def tol(kv_dtype):
+    return FLIPS if kv_dtype == "bf16" else LIKE_WITH_LIKE
+
+
+def bf16_writer_matches(got, expect):
+    """The GPU's stored bf16 values against the reference's: all but a few per mille equal,
+    none further apart than one bf16 step (a writer that truncated, or did not round to bf16,
+    would miss about half of them)."""
+    got, expect = np.asarray(got, np.float64), np.asarray(expect, np.float64)
+    step = np.maximum(np.abs(got), np.abs(expect)) * 2.0**-7
+    far = np.abs(got - expect) > step * 1.01 + 1e-6 * np.abs(expect).max()
+    return float(np.mean(got == expect)) > 0.97 and not far.any()
+
 
 # medium geometry (hd 64, GQA 4, block 16) with a sliding layer of window 24: rings of 55 rows
 SWA_MEDIUM = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 24}
@@ -73,19 +94,19 @@ def test_every_kv_dtype_with_every_precision(engine, ckpts, rng, name, precision
     expect = ref.forward_round(rkv, noise, pos[ctx:])
     err = rel(got, expect)
     print(f"{name} {precision} kv {kv_dtype}: rel {err:.2e}")
-    assert err < LIKE_WITH_LIKE
-    # the stored K of the full layer: the reference's (bf16: bit for bit but for the rare
-    # value whose f32 rounding differs between the two)
+    assert err < tol(kv_dtype)
+    # the stored K of the full layer: the reference's (bf16: equal but for the few values
+    # whose f32 rounding put them on the other side of a tie)
     li = d.cfg.n_layer - 1
     k_ref = rkv.k[li][:ctx].reshape(ctx, -1)
-    assert rel(kv_layer(e, kv, li)[:ctx], k_ref) < (4e-3 if kv_dtype == "bf16" else 1e-5)
     if kv_dtype == "bf16":
-        same = np.mean(kv_layer(e, kv, li)[:ctx] == k_ref.astype(np.float32))
-        assert same > 0.99, same
+        assert bf16_writer_matches(kv_layer(e, kv, li)[:ctx], k_ref)
+    else:
+        assert rel(kv_layer(e, kv, li)[:ctx], k_ref) < 1e-5
     # forward (a temporary KV of the drafter's dtype) models its own storage
     if kv_dtype == d.kv_dtype:
         full = e.dtoh(d.forward(e, e.htod(taps), e.htod(noise), pos, ctx))
-        assert rel(full, ref.forward(taps, noise, pos, ctx)) < LIKE_WITH_LIKE
+        assert rel(full, ref.forward(taps, noise, pos, ctx)) < tol(kv_dtype)
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "f32"])
@@ -93,7 +114,8 @@ def test_every_kv_dtype_with_every_precision(engine, ckpts, rng, name, precision
 def test_sliding_rings_far_past_the_window(engine, ckpts, rng, precision, kv_dtype):
     """tiny-swa: window 8, rings of 23 rows; 300 ctx rows wrap them 13 times. One long ingest
     (its early rows never written), then rounds between small ingests, each against the
-    reference that keeps every row."""
+    reference that keeps every row, and against a GPU KV that keeps every row (rings=False):
+    the same K/V bits, read through the rings, so equal to f32 summation order."""
     e = engine
     d = drafter(e, ckpts, "swa", precision)
     c, b = d.cfg, d.cfg.block_size
@@ -103,20 +125,25 @@ def test_sliding_rings_far_past_the_window(engine, ckpts, rng, precision, kv_dty
     feats = ref.ctx_features(taps, ctx + 100)
     d_feats = e.htod(feats.astype(np.float32))
     kv = d.new_kv(e, ctx + 100, kv_dtype)
+    rows = d.new_kv(e, ctx + 100, kv_dtype, rings=False)
     rkv = ReferenceKv(c, ctx + 100, np.float64, kv_dtype)
-    assert kv.ring_rows == 23 and rkv.ring_rows == 23
+    assert kv.ring_rows == 23 and rkv.ring_rows == 23 and rows.ring_rows == 0
     assert [k.shape[0] for k in kv.k] == [23, ctx + 100 + b, 23]
-    d.ingest_ctx(e, kv, d_feats[:ctx], pos[:ctx], ctx)
+    for k in (kv, rows):
+        d.ingest_ctx(e, k, d_feats[:ctx], pos[:ctx], ctx)
     ref.ingest_ctx(rkv, feats[:ctx], pos[:ctx], ctx)
     done = ctx
     for step in range(12):
         noise = rng.standard_normal((b, c.hidden)).astype(np.float32)
         at = pos[done - 1] + 1 + step % 3  # gaps are fine
         got = e.dtoh(d.forward_round(e, kv, e.htod(noise), np.arange(at, at + b)))
+        every = e.dtoh(d.forward_round(e, rows, e.htod(noise), np.arange(at, at + b)))
+        assert rel(got, every) < 1e-5, step
         expect = ref.forward_round(rkv, noise, np.arange(at, at + b))
-        assert rel(got, expect) < LIKE_WITH_LIKE, step
+        assert rel(got, expect) < tol(kv_dtype), step
         t = int(rng.integers(1, 9))
-        d.ingest_ctx(e, kv, d_feats[done : done + t], pos[done : done + t], t)
+        for k in (kv, rows):
+            d.ingest_ctx(e, k, d_feats[done : done + t], pos[done : done + t], t)
         ref.ingest_ctx(rkv, feats[done : done + t], pos[done : done + t], t)
         done += t
     # the window matters: a reference without it is far off
@@ -128,7 +155,7 @@ def test_sliding_rings_far_past_the_window(engine, ckpts, rng, precision, kv_dty
     noise = rng.standard_normal((b, c.hidden)).astype(np.float32)
     at = pos[done - 1] + 1
     got = e.dtoh(d.forward_round(e, kv, e.htod(noise), np.arange(at, at + b)))
-    assert rel(got, ref.forward_round(rkv, noise, np.arange(at, at + b))) < LIKE_WITH_LIKE
+    assert rel(got, ref.forward_round(rkv, noise, np.arange(at, at + b))) < tol(kv_dtype)
     assert (
         rel(nowin.forward_block(feats[:done], noise, np.r_[pos[:done], at : at + b], done), got)
         > 1e-3
@@ -165,7 +192,7 @@ def test_decode_loop_wraps_the_rings_with_rollbacks_and_graph_replays(engine, ck
         blk = np.arange(n, n + b)
         got = e.dtoh(d.forward_round(e, kv, e.htod(noise), blk))
         np.testing.assert_array_equal(got, e.dtoh(plain.forward_round(e, kv_p, e.htod(noise), blk)))
-        assert rel(got, ref.forward_round(rkv, noise, blk)) < LIKE_WITH_LIKE, step
+        assert rel(got, ref.forward_round(rkv, noise, blk)) < FLIPS, step
         if step % 7 == 3:  # the target rejected rows: roll back inside the slack
             back = int(rng.integers(1, b + 1))
             for k in (kv, kv_p, rkv):
@@ -183,7 +210,7 @@ def test_decode_loop_wraps_the_rings_with_rollbacks_and_graph_replays(engine, ck
     ingest(0, 40)
     noise = rng.standard_normal((b, c.hidden)).astype(np.float32)
     got = e.dtoh(d.forward_round(e, kv, e.htod(noise), np.arange(40, 40 + b)))
-    assert rel(got, ref.forward_round(rkv, noise, np.arange(40, 40 + b))) < LIKE_WITH_LIKE
+    assert rel(got, ref.forward_round(rkv, noise, np.arange(40, 40 + b))) < FLIPS
 
 
 def test_ring_positions_and_roll_backs_refused_before_anything_changes(engine, ckpts, rng):
@@ -228,7 +255,7 @@ def test_ring_positions_and_roll_backs_refused_before_anything_changes(engine, c
     rkv = ReferenceKv(c, 200, np.float64, "bf16", rings=False)
     ref.ingest_ctx(rkv, ref.ctx_features(taps, 100), shuffled, 100)
     got = e.dtoh(d.forward_round(e, free, e.htod(noise), cp.asarray(pos[40 : 40 + b])))
-    assert rel(got, ref.forward_round(rkv, noise, pos[40 : 40 + b])) < LIKE_WITH_LIKE
+    assert rel(got, ref.forward_round(rkv, noise, pos[40 : 40 + b])) < FLIPS
 
 
 @pytest.mark.scale
@@ -260,7 +287,7 @@ def test_gemma4_31b_rings_at_ctx_4500(engine, preset_checkpoint, rng):
         got = e.dtoh(d.forward_round(e, kv, e.htod(noise), blk))
         err = rel(got, ref.forward_round(rkv, noise, blk))
         print(f"SCALE gemma4-31b rings ctx {done}: rel {err:.2e}")
-        assert err < LIKE_WITH_LIKE
+        assert err < FLIPS
         if step == 1:
             kv.len = rkv.len = done - 5
             done -= 5
