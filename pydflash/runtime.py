@@ -182,9 +182,14 @@ class Runtime:
         values = spec.args(args)
         if pdl and self.use_pdl and self._pdl.available:
             stream = cp.cuda.get_current_stream().ptr
-            self._pdl.launch(fn.kernel.ptr, grid, block, smem, stream, values, spec.name)
-        else:
-            fn(tuple(grid), (block,), values, shared_mem=smem)
+            try:
+                self._pdl.launch(fn.kernel.ptr, grid, block, smem, stream, values, spec.name)
+                return
+            except DeviceError:
+                # a driver that refuses the attribute: plain launches from now on (a genuine
+                # launch error surfaces again from the plain launch below)
+                self._pdl.available = False
+        fn(tuple(grid), (block,), values, shared_mem=smem)
 
     # -- memory -------------------------------------------------------------------------------
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> cp.ndarray:
