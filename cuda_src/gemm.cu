@@ -20,8 +20,10 @@
 // of W per n-tile; conflict-free with 144-byte X rows and 64-byte W rows. Any permutation is
 // exact when A and B use the same one.
 //
-// Determinism: every output is one chain over K in tile order (hi then lo per step), whatever
-// M, the row's place in the tile or the grid: a row's result never depends on the other rows.
+// Determinism: every output sums its 32-wide k-tiles in tile order, each tile's four MMAs (hi
+// and lo, two steps) summed afresh and then added to the f32 accumulator (times d for the
+// quants), whatever M, the row's place in the tile or the grid: a row's result never depends on
+// the other rows.
 // The order differs from linear.cu's split-K sums, so the two paths agree to rounding only.
 //
 // Preconditions (pydflash/ops/gemm.py checks them): K % 32 == 0; X 16-byte aligned with

@@ -4,8 +4,8 @@ one in its stream finishes (Hopper and later; CUDA graphs captured from such lau
 programmatic edges). CuPy's launcher has no launch attributes, hence this small ctypes binding.
 
 Only kernels that call `pdl_wait()` (common.cuh) before touching anything an earlier kernel
-writes may be launched this way; `Runtime.launch(..., pdl=True)` falls back to a plain launch
-where the device or the driver lacks the feature.
+writes may be launched this way; `Runtime.launch(..., pdl=True)` launches plainly where the
+device or the driver lacks the feature, or the driver answers CUDA_ERROR_NOT_SUPPORTED.
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ import numpy as np
 from .errors import DeviceError
 
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
+CUDA_ERROR_NOT_SUPPORTED = 801
+
+
+class PdlUnsupported(DeviceError):
+    """The driver refused the programmatic-serialization attribute (launch plainly instead)."""
+
+
 _CTYPES: dict[type, Any] = {
     np.int32: ctypes.c_int32,
     np.int64: ctypes.c_int64,
@@ -57,11 +64,12 @@ def _c_value(v: Any) -> Any:
 
 class PdlLauncher:
     """cuLaunchKernelEx with the PDL attribute. `available` is False when the driver has no
-    cuLaunchKernelEx (CUDA < 12) or the device is older than sm_90."""
+    cuLaunchKernelEx (CUDA < 12) or the device is not sm_90 (Hopper: the one generation it has
+    been run and captured into CUDA graphs on; PDL captures were reported to fail on sm_120)."""
 
     def __init__(self, arch_major: int) -> None:
         self.available = False
-        if arch_major < 9:
+        if arch_major != 9:  # measured on sm_90 (H200) only; newer chips keep plain launches
             return
         try:
             lib = ctypes.CDLL("libcuda.so.1")
@@ -100,6 +108,8 @@ class PdlLauncher:
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
         )
         res = self._launch(ctypes.byref(cfg), function_ptr, params, None)
+        if res == CUDA_ERROR_NOT_SUPPORTED:
+            raise PdlUnsupported(f"{name}: the driver does not support PDL launches")
         if res != 0:
             err = ctypes.c_char_p()
             self._error_name(res, ctypes.byref(err))

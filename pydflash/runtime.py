@@ -28,7 +28,7 @@ import numpy as np
 
 from . import kernels
 from .errors import DeviceError, KernelCompileError, ShapeError
-from .pdl import PdlLauncher
+from .pdl import PdlLauncher, PdlUnsupported
 
 try:  # CuPy is an optional extra (cuda12 / cuda13); the CPU parts of pydflash work without it.
     import cupy as cp
@@ -185,9 +185,7 @@ class Runtime:
             try:
                 self._pdl.launch(fn.kernel.ptr, grid, block, smem, stream, values, spec.name)
                 return
-            except DeviceError:
-                # a driver that refuses the attribute: plain launches from now on (a genuine
-                # launch error surfaces again from the plain launch below)
+            except PdlUnsupported:  # only that answer: every other launch error is raised
                 self._pdl.available = False
         fn(tuple(grid), (block,), values, shared_mem=smem)
 

@@ -162,7 +162,7 @@ class GpuTensor:
         if fmt is not None and fmt != kind:
             raise ShapeError(f"array: dtype {arr.dtype} holds {kind}, not {fmt}")
         _check_in_features(arr.shape, kind)
-        if arr.data.ptr % 16:  # the kernels read weight rows in 16-byte loads
+        if kind == "bf16" and arr.data.ptr % 16:  # bf16 rows are read in 16-byte loads
             raise ShapeError(
                 f"array: device pointer {arr.data.ptr:#x} is not 16-byte aligned; pass an "
                 "aligned array (a fresh allocation is) or a copy"

@@ -124,3 +124,53 @@ def test_wrap_refuses_a_misaligned_pointer(engine):
     buf = cp.zeros(64 * 33, np.uint16)
     with pytest.raises(ShapeError, match="16-byte aligned"):
         GpuTensor.wrap(engine, buf[1 : 1 + 64 * 32].reshape(32, 64))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("capture", [False, True])
+def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture):
+    """A norm kernel (which lets its dependents start at once) writes the activations a PDL
+    linear reads right after, on the same stream, eagerly and in a captured graph: the linear
+    must see every value (the buffer is NaN-poisoned just before the norm), and equal a plain
+    launch bit for bit."""
+    from pydflash import GpuTensor
+    from pydflash.ops import linear, norm
+
+    e, n, k, m = engine, 6144, 4096, 16
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    resid_h = rng.standard_normal((m, k)).astype(np.float32)
+    gamma_h = (1 + 0.1 * rng.standard_normal(k)).astype(np.float32)
+    resid, gamma = e.htod(resid_h), e.htod(gamma_h)
+    xn, out, scratch = e.empty((m, k)), e.empty((m, n)), e.empty((m, k))
+
+    def queue():
+        xn.fill(np.nan)
+        out.fill(np.nan)
+        norm.residual_rms_norm(e, xn, gamma, m, k, 1e-6, resid_in=resid, resid_out=scratch)
+        linear.project(e, w, xn, m, out)
+
+    def run(pdl):
+        e.use_pdl = pdl
+        try:
+            if capture:
+                with e.device, e.capture_stream:
+                    e.capture_stream.begin_capture()
+                    try:
+                        queue()
+                    finally:
+                        graph = e.capture_stream.end_capture()
+                graph.launch(e.stream)
+            else:
+                with e.ordered():
+                    queue()
+            e.synchronize()
+        finally:
+            e.use_pdl = True
+        return e.dtoh(out)
+
+    got = run(True)
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got, run(False))
+    x = resid_h.astype(np.float64)
+    xn_ref = x / np.sqrt((x * x).mean(1, keepdims=True) + 1e-6) * gamma_h
+    assert rel(got, xn_ref @ w.dequantize().astype(np.float64).T) < 2e-5

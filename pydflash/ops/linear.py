@@ -113,6 +113,8 @@ def project(
     silu(gate) * up for an interleaved gate/up weight (silu_mul). Rows are strided by their
     arrays' own row strides. ksplit > 1 (store only) writes ksplit partial sums to
     out + s*split_stride for the consumer to add."""
+    if m == 0:  # nothing to compute (a zero grid is a launch error)
+        return
     n, k = w.out_features, w.in_features
     ldx = x.strides[0] // 4 if x.ndim == 2 else k
     ldy = out.strides[-2] // 4 if out.ndim >= 2 else n
@@ -194,6 +196,8 @@ def project_sample(
     block of rows writes one Gumbel-max partial per token (part [sample_blocks(w), m, 4] f32,
     part_idx [sample_blocks(w), m] int32) for sampling.finish. params [T, cap] and rng (seed,
     offset words) are device arrays read by the kernel; token i is draft slot slot_base + i."""
+    if m == 0:
+        return
     n, k = w.out_features, w.in_features
     ldx = x.strides[0] // 4 if x.ndim == 2 else k
     ldy = (y.strides[0] // 4 if y.ndim == 2 else n) if y is not None else 0
