@@ -214,13 +214,21 @@ def kv_len(value: Any, current: int) -> int:
 
 
 def kv_matches(kv_cfg: DflashCfg, cfg: DflashCfg) -> None:
-    """A KV cache used with a drafter must have been built for its layers, kv dims, block."""
+    """A KV cache used with a drafter must have been built for its layers, kv dims, block and
+    per-layer sliding windows (a sliding layer's ring and key window are sized from them)."""
     k, c = kv_cfg, cfg
     if (k.n_layer, k.kv_dim, k.block_size) != (c.n_layer, c.kv_dim, c.block_size):
         raise ShapeError(
             f"kv: built for {k.n_layer} layers x {k.kv_dim} kv dims, block "
             f"{k.block_size}; drafter has {c.n_layer} x {c.kv_dim}, block "
             f"{c.block_size}"
+        )
+    kw = [k.window_of(li) for li in range(k.n_layer)]
+    cw = [c.window_of(li) for li in range(c.n_layer)]
+    if kw != cw:
+        raise ShapeError(
+            f"kv: built for per-layer sliding windows {kw}; drafter has {cw} (None = full "
+            "attention)"
         )
 
 

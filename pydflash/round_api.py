@@ -208,10 +208,11 @@ class DraftApi:
             start = checks.count(start, "start")
             if start + c.block_size > checks.INT32_MAX:
                 raise ShapeError(f"start: positions {start}+{c.block_size} exceed int32")
+            # allocated outside any capture, and before any state changes (may raise DeviceError)
+            step.workspace(e, lm.out_features, want)
             # validated: from here on state changes
             kv.write_round_state(e, np.arange(start, start + c.block_size), "start")
             step.stage(e, first, t, cap, scale)
-            step.workspace(e, lm.out_features, want)  # allocated outside any capture
             scales = None if lm.scales is None else _identity(lm.scales)
             key = (_identity(table), (lm.fmt, _identity(lm.data), scales), want)
             graphs = self._propose_graphs.setdefault(kv, {})

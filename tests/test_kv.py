@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pydflash import DflashCfg, ReferenceDraft, ReferenceKv
+from pydflash import DflashCfg, ReferenceDraft, ReferenceKv, checks
 from pydflash.errors import CapacityError, ShapeError
 from pydflash.kv import (
     DflashKv,
@@ -223,3 +223,19 @@ def test_bookkeeping_never_lets_a_round_read_a_dropped_row(ref, seed):
                 continue
             assert sim.holds(max(0, to - w + 1), to)
     assert kv.len > 0 and refused > 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"layer_sliding": (False, True)}, {"sliding_window": 64}, {"layer_sliding": (False, False)}],
+)
+def test_a_kv_of_other_sliding_windows_is_refused(change):
+    """A sliding layer's ring and key window are sized from the KV's config: a drafter whose
+    windows differ (same layers, dims and block) must not use it (review finding: it wrote
+    past a 12-row ring, or read too few keys)."""
+    other = dataclasses.replace(SWA, **change)
+    checks.kv_matches(SWA, SWA)
+    with pytest.raises(ShapeError, match="sliding windows"):
+        checks.kv_matches(SWA, other)
+    with pytest.raises(ShapeError, match="sliding windows"):
+        checks.kv_matches(other, SWA)

@@ -18,9 +18,13 @@ LIKE_WITH_LIKE = 2e-4
 # bf16 K/V: each side rounds its own float32 K/V, and those differ by f32 rounding (~1e-5
 # relative in the bf16 precision), so a value that close to a rounding tie lands on the other
 # bf16 neighbour (~0.5% of them): emulated on the reference (tiny random models), that moves a
-# round's output by 1e-4..5e-4 (the second device run saw 2e-4 exceeded). The writer is checked
-# value by value (bf16_writer_matches), the rings bit for bit against rings=False.
-FLIPS = 2e-3
+# round's output by 1e-4..5e-4 (device runs saw 3.9e-4). The writer is checked value by value
+# (bf16_writer_matches). Kept under the whole bf16-vs-f32 K/V difference (1.0e-3..1.75e-3 at ctx
+# 150, review), so a side that ignored the bf16 storage would fail.
+FLIPS = 8e-4
+# rings against rings=False: the same committed K/V bits, but the window's keys sit at other
+# tile offsets, so the block's own K/V (rounded to bf16 in the later layers) can flip too.
+RINGS_VS_ROWS = {"f32": 1e-5, "bf16": 2e-4}
 
 
 def tol(kv_dtype):
@@ -33,7 +37,9 @@ def bf16_writer_matches(got, expect):
     would miss about half of them)."""
     got, expect = np.asarray(got, np.float64), np.asarray(expect, np.float64)
     step = np.maximum(np.abs(got), np.abs(expect)) * 2.0**-7
-    far = np.abs(got - expect) > step * 1.01 + 1e-6 * np.abs(expect).max()
+    # the GPU's float32 K differs by ~3.5e-6 of the rms before rounding: near zero that can
+    # exceed a bf16 step of the tiny value itself (review emulation)
+    far = np.abs(got - expect) > step * 1.01 + 3e-5 * np.sqrt(np.mean(expect * expect))
     return float(np.mean(got == expect)) > 0.97 and not far.any()
 
 
@@ -138,7 +144,7 @@ def test_sliding_rings_far_past_the_window(engine, ckpts, rng, precision, kv_dty
         at = pos[done - 1] + 1 + step % 3  # gaps are fine
         got = e.dtoh(d.forward_round(e, kv, e.htod(noise), np.arange(at, at + b)))
         every = e.dtoh(d.forward_round(e, rows, e.htod(noise), np.arange(at, at + b)))
-        assert rel(got, every) < 1e-5, step
+        assert rel(got, every) < RINGS_VS_ROWS[kv_dtype], step
         expect = ref.forward_round(rkv, noise, np.arange(at, at + b))
         assert rel(got, expect) < tol(kv_dtype), step
         t = int(rng.integers(1, 9))
