@@ -100,3 +100,16 @@ def test_cli_processes_exit_cleanly(tmp_path):
         timeout=120,
     )
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 2
+
+
+def test_kernel_resources_reads_the_ptxas_report(capsys):
+    """tools/kernel_resources.py: registers and spills of every entry point, without a GPU."""
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC is needed")
+    from pydflash.ops import norm
+    from tools import kernel_resources
+
+    rows = kernel_resources.report("norm", "sm_90", norm.FAMILY.options)
+    assert {r["name"] for r in rows} == set(norm.FAMILY.specs)
+    assert all(0 < r["regs"] <= 255 and r["spill"] == (0, 0) for r in rows)
+    assert kernel_resources.main(["--family", "norm", "--arch", "sm_80"]) == 0
+    assert "norm.residual_rms_norm" in capsys.readouterr().out
