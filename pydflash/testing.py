@@ -56,6 +56,13 @@ def assert_paths_agree(
         assert err < tol, f"{what}: the projection paths differ by {err:.2e} (limit {tol})"
 
 
+def poisoned(e: Any, shape: Any) -> Any:
+    """A float32 device output buffer full of NaN, so an unwritten element fails a comparison."""
+    out = e.empty(shape)
+    out.fill(np.nan)
+    return out
+
+
 def rel(got: Any, expect: Any) -> float:
     """||got - expect|| / ||expect|| in float64; NaN anywhere gives inf (never a pass)."""
     a = np.asarray(got, np.float64)

@@ -5,6 +5,7 @@ import pytest
 
 from pydflash import quant, reference
 from pydflash.errors import ShapeError
+from pydflash.testing import poisoned
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
@@ -13,13 +14,6 @@ def rel(a, b):
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def poisoned(e, shape):
-    """An output buffer full of NaN, so an unwritten element fails the comparison."""
-    out = e.empty(shape)
-    out.fill(np.nan)
-    return out
 
 
 # -- linear ----------------------------------------------------------------------------------

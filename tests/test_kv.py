@@ -18,6 +18,7 @@ from pydflash.kv import (
     ring_rows,
     round_kv_bytes,
 )
+from tools import make_checkpoint as mc
 from tools.make_checkpoint import make_checkpoint
 
 # window 5, block 4: ring rows 5 - 1 + 2 * 4 = 12 (layer 0 sliding, layer 1 full)
@@ -36,21 +37,8 @@ SWA = DflashCfg(
     sliding_window=5,
     layer_sliding=(True, False),
 )
-GEMMA = DflashCfg(
-    hidden=5376,
-    n_head=64,
-    n_kv=8,
-    head_dim=128,
-    n_ff=10752,
-    n_layer=5,
-    eps=1e-6,
-    rope_theta=1e6,
-    block_size=16,
-    mask_token_id=4,
-    target_layer_ids=(1, 12, 23, 35, 46, 57),
-    sliding_window=2048,
-    layer_sliding=(True, True, True, True, False),
-)
+# the public gemma-4-31B-it-DFlash geometry: 4 sliding (2048) + 1 full layer
+GEMMA = DflashCfg.from_dict(mc.checkpoint_plan("gemma4-31b")[0])
 
 
 def test_ring_rows_layer_rows_and_bytes():

@@ -5,17 +5,11 @@ and of programmatic dependent launch (skipped without CUDA)."""
 import numpy as np
 import pytest
 
-from pydflash.testing import rel
+from pydflash.testing import poisoned, rel
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
 FORMATS = ["bf16", "q8_0", "q4_0"]
-
-
-def _poisoned(e, shape):
-    out = e.empty(shape)
-    out.fill(np.nan)
-    return out
 
 
 def _integer_weights(rng, fmt, n, k):
@@ -42,7 +36,7 @@ def test_integer_weights_and_activations_are_exact(engine, rng, fmt):
     w = GpuTensor.from_host(e, w_h, fmt)
     np.testing.assert_array_equal(w.dequantize(), w_h)
     x = rng.integers(-3, 4, (m, k)).astype(np.float32)
-    out = _poisoned(e, (m, n))
+    out = poisoned(e, (m, n))
     with e.ordered():
         linear.project(e, w, e.htod(x), m, out)
     np.testing.assert_array_equal(e.dtoh(out), x.astype(np.float64) @ w_h.T.astype(np.float64))
@@ -61,7 +55,7 @@ def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k):
     for m in (1, 7, 16):
         x = rng.standard_normal((m, k)).astype(np.float32)
         ks = linear.k_splits(e, w)
-        part = _poisoned(e, (ks, m, n))
+        part = poisoned(e, (ks, m, n))
         with e.ordered():
             linear.project(e, w, e.htod(x), m, part, ksplit=ks, split_stride=m * n)
         got = e.dtoh(part)
@@ -82,7 +76,7 @@ def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, f
     res = e.htod(rng.standard_normal((16, cols)).astype(np.float32))
 
     def run(m, rows, pdl):
-        out = _poisoned(e, (m, cols))
+        out = poisoned(e, (m, cols))
         e.use_pdl = pdl
         try:
             with e.ordered():
@@ -110,7 +104,7 @@ def test_a_row_view_with_unaligned_scales_equals_the_full_product(engine, rng, f
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
     view = w.rows(3, n)
     x = e.htod(rng.standard_normal((m, k)).astype(np.float32))
-    full, part = _poisoned(e, (m, n)), _poisoned(e, (m, n - 3))
+    full, part = poisoned(e, (m, n)), poisoned(e, (m, n - 3))
     with e.ordered():
         linear.project(e, w, x, m, full)
         linear.project(e, view, x, m, part)

@@ -120,26 +120,15 @@ def project(
     ldy = out.strides[-2] // 4 if out.ndim >= 2 else n
     ldr = (residual.strides[0] // 4 if residual.ndim == 2 else n) if residual is not None else 0
     res = residual if residual is not None else out
+    args: dict[str, Any] = dict(
+        W=w.data, X=x, ldx=ldx, Y=out, ldy=ldy, R=res, ldr=ldr, M=m, N=n, K=k
+    )
     if w.fmt == "f32":
         if ksplit != 1:
             raise ShapeError("f32 weights do not take a K split")
         pairs = -(-n // 16) * 8
-        rt.launch(
-            F32[epilogue],
-            (-(-m // 16), -(-pairs // F32_WARPS)),
-            32 * F32_WARPS,
-            W=w.data,
-            scales=None,
-            X=x,
-            ldx=ldx,
-            Y=out,
-            ldy=ldy,
-            R=res,
-            ldr=ldr,
-            M=m,
-            N=n,
-            K=k,
-        )
+        f32_grid = (-(-m // 16), -(-pairs // F32_WARPS))
+        rt.launch(F32[epilogue], f32_grid, 32 * F32_WARPS, scales=None, **args)
         return
     n_splits, per_split = split_k_plan(k // CHUNK, ksplit)
     if n_splits != ksplit:  # the consumer adds exactly ksplit partials: all must be written
@@ -154,19 +143,10 @@ def project(
         grid,
         32 * WARPS,
         pdl=True,
-        W=w.data,
         scales=w.scales,
-        X=x,
-        ldx=ldx,
-        Y=out,
-        ldy=ldy,
-        R=res,
-        ldr=ldr,
-        M=m,
-        N=n,
-        K=k,
         chunks_per_split=per_split,
         split_stride=split_stride,
+        **args,
     )
 
 
