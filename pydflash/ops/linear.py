@@ -1,7 +1,12 @@
 """linear.cu: Y[M, N] = X[M, K] . W[N, K]^T on the tensor cores (bf16 / q8_0 / q4_0 weights,
 f32 activations split hi/lo) or in f32 FFMA (the f32 parity format), with split-K partials
 added by the consumer kernels (qkv_norm_rope, residual_rms_norm), and the sampling epilogue
-(`project_sample`): logits streamed into Gumbel-max partials instead of being stored."""
+(`project_sample`): logits streamed into Gumbel-max partials instead of being stored.
+
+`kernel` picks the implementation of the tensor-core formats: "v2" (this module's linear.cu, the
+default) or "v3" (linear_v3.cu: a per-warp cp.async ring, pydflash/ops/linear_v3.py). f32
+weights always take linear.cu's FFMA kernel. k_splits and project must be given the same
+kernel: the consumer adds exactly the partials that kernel's plan writes."""
 
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ CHUNK = 32  # K walks 32-wide chunks (= the GGML block)
 MAX_K_SPLITS = 16
 F32_WARPS = 8
 EPILOGUES = ("store", "add", "silu_mul")
+KERNELS = ("v2", "v3")
 
 FAMILY = Family(
     "linear",
@@ -83,11 +89,19 @@ def split_k_plan(chunks: int, want: int) -> tuple[int, int]:
     return -(-chunks // per_split), per_split
 
 
-def k_splits(rt: Runtime, w: GpuTensor) -> int:
+def _kernel(kernel: str) -> str:
+    if kernel not in KERNELS:
+        raise ShapeError(f"kernel must be one of {KERNELS}, found {kernel!r}")
+    return kernel
+
+
+def k_splits(rt: Runtime, w: GpuTensor, kernel: str = "v2") -> int:
     """Split-K factor of a weight at batch <= 16: enough blocks to fill the GPU (about 4 per
     SM) while each split keeps every warp of its block busy; 1 for f32 (one FFMA pass).
     It depends on the weight and the device only, never on M, so a row's result is the same
-    in every batch."""
+    in every batch. kernel="v3": linear_v3's outer splits."""
+    if _kernel(kernel) == "v3":
+        return _v3.k_splits(rt, w)
     if w.fmt == "f32":
         return 1
     n, k = w.out_features, w.in_features
@@ -108,12 +122,17 @@ def project(
     residual: Any = None,
     ksplit: int = 1,
     split_stride: int = 0,
+    *,
+    kernel: str = "v2",
 ) -> None:
     """out = x . w^T (epilogue store), residual + x . w^T (add; residual may alias out), or
     silu(gate) * up for an interleaved gate/up weight (silu_mul). Rows are strided by their
     arrays' own row strides. ksplit > 1 (store only) writes ksplit partial sums to
-    out + s*split_stride for the consumer to add."""
+    out + s*split_stride for the consumer to add. kernel="v3": linear_v3 (not f32)."""
     if m == 0:  # nothing to compute (a zero grid is a launch error)
+        return
+    if _kernel(kernel) == "v3" and w.fmt != "f32":
+        _v3.project(rt, w, x, m, out, epilogue, residual, ksplit, split_stride)
         return
     n, k = w.out_features, w.in_features
     ldx = x.strides[0] // 4 if x.ndim == 2 else k
@@ -190,13 +209,31 @@ def project_sample(
     part: Any = None,
     part_idx: Any = None,
     slot_base: int = 0,
+    kernel: str = "v2",
 ) -> None:
     """The sampling epilogue over z = x . w^T (one K range): z soft-capped when apply_cap and
     params[1] > 0, plus `residual` rows when given, stored to `y` when given; with `part` each
     block of rows writes one Gumbel-max partial per token (part [sample_blocks(w), m, 4] f32,
     part_idx [sample_blocks(w), m] int32) for sampling.finish. params [T, cap] and rng (seed,
-    offset words) are device arrays read by the kernel; token i is draft slot slot_base + i."""
+    offset words) are device arrays read by the kernel; token i is draft slot slot_base + i.
+    kernel="v3": linear_v3 (not f32; the same partial layout)."""
     if m == 0:
+        return
+    if _kernel(kernel) == "v3" and w.fmt != "f32":
+        _v3.project_sample(
+            rt,
+            w,
+            x,
+            m,
+            params=params,
+            rng=rng,
+            apply_cap=apply_cap,
+            y=y,
+            residual=residual,
+            part=part,
+            part_idx=part_idx,
+            slot_base=slot_base,
+        )
         return
     n, k = w.out_features, w.in_features
     ldx = x.strides[0] // 4 if x.ndim == 2 else k
@@ -227,3 +264,8 @@ def project_sample(
     nt1 = m <= 8
     grid = (-(-m // (8 if nt1 else 16)), -(-n // ROWS_PER_BLOCK), 1)
     rt.launch(SAMPLE[(w.fmt, nt1)], grid, 32 * WARPS, pdl=True, **args)
+
+
+# linear_v3 imports this module's names (split_k_plan, CHUNK, ...): imported last, so either
+# module may be imported first.
+from . import linear_v3 as _v3  # noqa: E402
