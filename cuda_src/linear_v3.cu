@@ -23,7 +23,10 @@
 //              16-byte cp.async.cg granules (granule i = row i / (RB/16), piece i % (RB/16));
 //   scales     (quants) ROWS x 4 bytes: per row the aligned 4-byte word that holds the chunk's
 //              f16 scale (cp.async moves 4 bytes at least; scale rows are 2-byte aligned only,
-//              and a row view starts them anywhere), the half picked by bit 1 of its address;
+//              and a row view starts them anywhere), the half picked by bit 1 of its address
+//              (so up to 2 bytes before a view's first scale, inside its parent array, or after
+//              an array's last one, inside the same aligned word: CuPy rounds allocations up to
+//              512 bytes);
 //   activations NT*8 tokens x LD floats (LD = 36: 32 + 4 pad, conflict-free reads), raw f32 by
 //              16-byte cp.async (.ca through L1 when LIN3_ACT_CACHE == 2, else .cg); for q4_0 the
 //              pieces are placed k 0-3, 16-19, 4-7, 20-23, ... so every format reads its 8 values

@@ -10,33 +10,22 @@ kernel: the consumer adds exactly the partials that kernel's plan writes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ShapeError
 from ..kernels import Family
+from . import linear_v3 as _v3
+
+# shared with linear_v3 (and used as linear.split_k_plan, linear.CHUNK, ... by callers)
+from .linear_split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, split_k_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
 
-
-class GpuTensor(Protocol):
-    """What the launchers read of a pydflash.tensor.GpuTensor (structural: importing tensor
-    here would close an import cycle, tensor -> ops)."""
-
-    fmt: str
-    out_features: int
-    in_features: int
-    data: Any
-    scales: Any
-
-
 WARPS = 4  # warps per block
 UNROLL = 2  # 32-chunks a warp loads before computing
 ROWS_PER_BLOCK = 32  # output rows per block: two m-tiles of 16
-CHUNK = 32  # K walks 32-wide chunks (= the GGML block)
-MAX_K_SPLITS = 16
 F32_WARPS = 8
-EPILOGUES = ("store", "add", "silu_mul")
 KERNELS = ("v2", "v3")
 
 FAMILY = Family(
@@ -77,16 +66,6 @@ SAMPLE = {
 }
 SAMPLE_F32 = FAMILY.kernel("linear_f32_sample", _SAMPLE_SIG.replace("unsigned char* W", "float* W"))
 F32_ROWS = 16  # output rows per block of the f32 kernel (F32_WARPS row pairs)
-
-
-def split_k_plan(chunks: int, want: int) -> tuple[int, int]:
-    """(splits, chunks per split) for cutting `chunks` 32-wide K chunks into at most `want`
-    ranges of whole chunks. Every split it counts is non-empty: the consumers add exactly that
-    many partial sums, so a split launched with no chunks would leave its partial unwritten
-    (e.g. 90 chunks cut for 11 splits gives ranges of 9: only 10 exist)."""
-    want = max(1, min(want, chunks))
-    per_split = -(-chunks // want)
-    return -(-chunks // per_split), per_split
 
 
 def _kernel(kernel: str) -> str:
@@ -264,8 +243,3 @@ def project_sample(
     nt1 = m <= 8
     grid = (-(-m // (8 if nt1 else 16)), -(-n // ROWS_PER_BLOCK), 1)
     rt.launch(SAMPLE[(w.fmt, nt1)], grid, 32 * WARPS, pdl=True, **args)
-
-
-# linear_v3 imports this module's names (split_k_plan, CHUNK, ...): imported last, so either
-# module may be imported first.
-from . import linear_v3 as _v3  # noqa: E402

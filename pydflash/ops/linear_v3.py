@@ -8,6 +8,12 @@ and the inner slices a block adds once at the end, chosen from the weight and th
 batch and every block shape. With linear.cu's plan (its splits, inner = its 4 warps) v3 gives
 linear.cu's result bit for bit.
 
+Unlike v2, v3 reads its weights and scales before pdl_wait() (the first stages stream while the
+previous kernel finishes): a weight must not be written by a kernel that may still run when the
+linear starts, i.e. the kernel queued right before it, or before a chain of programmatic
+launches (linears, which let their successor start at once) ending in it. Weights written at
+load (quantization, uploads) are long done; the tests put a copy between the two.
+
 Tuning (tools/bench_linear.py --variants): `Config` holds the compile-time choices (m-tiles a
 warp and ring stages per format, the activations' cache path, warps per block at most); each
 distinct Config compiles its own module of the same source. `groups` (row groups per block)
@@ -22,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ShapeError
 from ..kernels import Family, KernelSpec
-from .linear import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, split_k_plan
+from .linear_split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, split_k_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -136,11 +142,7 @@ class Device:
 
     @classmethod
     def of(cls, rt: Any) -> Device:
-        return cls(
-            int(rt.sm_count),
-            int(getattr(rt, "smem_per_sm", 228 * 1024)),
-            int(getattr(rt, "smem_per_block", 227 * 1024)),
-        )
+        return cls(int(rt.sm_count), int(rt.smem_per_sm), int(rt.smem_per_block))
 
 
 def blocks_per_sm(dev: Device, warps: int, smem: int) -> int:
