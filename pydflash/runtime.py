@@ -101,6 +101,10 @@ class Runtime:
         self.arch = f"sm_{props['major']}{props['minor']}"
         # opt-in shared memory per block (227 KiB on H100/H200, 163 KiB on A100, 99 KiB sm_89)
         self.smem_per_block = int(self.device.attributes["MaxSharedMemoryPerBlockOptin"])
+        # shared memory an SM holds for its resident blocks (228 KiB H100/H200, 164 A100)
+        self.smem_per_sm = int(
+            self.device.attributes.get("MaxSharedMemoryPerMultiprocessor", self.smem_per_block)
+        )
         self._functions: dict[kernels.KernelSpec, Any] = {}
         self._pdl = PdlLauncher(int(props["major"]))
         # programmatic dependent launch for the kernels that support it (Runtime.launch)

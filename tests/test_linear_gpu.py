@@ -1,6 +1,8 @@
-"""The decode linear (linear.cu tensor-core path) against NumPy: integer-exact quant decoding,
-K edges and split plans, ragged rows, unaligned scale views, results independent of the batch
-and of programmatic dependent launch (skipped without CUDA)."""
+"""The decode linears (linear.cu, kernel "v2", and linear_v3.cu, kernel "v3") against NumPy:
+integer-exact quant decoding, K edges and split plans, ragged rows, unaligned scale views,
+results independent of the batch and of programmatic dependent launch; v3 also against v2 bit
+for bit under v2's plan, independent of its block shape and compile-time configuration, and its
+sampling partials (skipped without CUDA)."""
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from pydflash.testing import poisoned, rel
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
 FORMATS = ["bf16", "q8_0", "q4_0"]
+KERNELS = ["v2", "v3"]
 
 
 def _integer_weights(rng, fmt, n, k):
@@ -24,8 +27,9 @@ def _integer_weights(rng, fmt, n, k):
     return w
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16"])
-def test_integer_weights_and_activations_are_exact(engine, rng, fmt):
+def test_integer_weights_and_activations_are_exact(engine, rng, fmt, kernel):
     from pydflash import GpuTensor
     from pydflash.ops import linear
 
@@ -38,14 +42,15 @@ def test_integer_weights_and_activations_are_exact(engine, rng, fmt):
     x = rng.integers(-3, 4, (m, k)).astype(np.float32)
     out = poisoned(e, (m, n))
     with e.ordered():
-        linear.project(e, w, e.htod(x), m, out)
+        linear.project(e, w, e.htod(x), m, out, kernel=kernel)
     np.testing.assert_array_equal(e.dtoh(out), x.astype(np.float64) @ w_h.T.astype(np.float64))
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [40, 1000, 9000])  # ragged last row blocks, many split plans
 @pytest.mark.parametrize("k", [32, 544, 1120, 2880])
-def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k):
+def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k, kernel):
     from pydflash import GpuTensor
     from pydflash.ops import linear
 
@@ -54,18 +59,19 @@ def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k):
     wd = w.dequantize().astype(np.float64)
     for m in (1, 7, 16):
         x = rng.standard_normal((m, k)).astype(np.float32)
-        ks = linear.k_splits(e, w)
+        ks = linear.k_splits(e, w, kernel)
         part = poisoned(e, (ks, m, n))
         with e.ordered():
-            linear.project(e, w, e.htod(x), m, part, ksplit=ks, split_stride=m * n)
+            linear.project(e, w, e.htod(x), m, part, ksplit=ks, split_stride=m * n, kernel=kernel)
         got = e.dtoh(part)
         assert not np.isnan(got).any()
         assert rel(got.sum(0), x @ wd.T) < 2e-5, (m, ks)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("epi", ["store", "add", "silu_mul"])
-def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, fmt, epi):
+def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, fmt, epi, kernel):
     from pydflash import GpuTensor
     from pydflash.ops import linear
 
@@ -81,7 +87,7 @@ def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, f
         try:
             with e.ordered():
                 r = res[rows] if epi == "add" else None
-                linear.project(e, w, x[rows], m, out, epi, r)
+                linear.project(e, w, x[rows], m, out, epi, r, kernel=kernel)
         finally:
             e.use_pdl = True
         return e.dtoh(out)
@@ -94,8 +100,9 @@ def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, f
     np.testing.assert_array_equal(run(9, slice(3, 12), True), full[3:12])
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_row_view_with_unaligned_scales_equals_the_full_product(engine, rng, fmt):
+def test_a_row_view_with_unaligned_scales_equals_the_full_product(engine, rng, fmt, kernel):
     """rows(3, n) of a K = 1120 (35 chunks) quant starts its scales 2 bytes into a word."""
     from pydflash import GpuTensor
     from pydflash.ops import linear
@@ -106,8 +113,8 @@ def test_a_row_view_with_unaligned_scales_equals_the_full_product(engine, rng, f
     x = e.htod(rng.standard_normal((m, k)).astype(np.float32))
     full, part = poisoned(e, (m, n)), poisoned(e, (m, n - 3))
     with e.ordered():
-        linear.project(e, w, x, m, full)
-        linear.project(e, view, x, m, part)
+        linear.project(e, w, x, m, full, kernel=kernel)
+        linear.project(e, view, x, m, part, kernel=kernel)
     np.testing.assert_array_equal(e.dtoh(part), e.dtoh(full)[:, 3:])
 
 
@@ -120,9 +127,10 @@ def test_wrap_refuses_a_misaligned_pointer(engine):
         GpuTensor.wrap(engine, buf[1 : 1 + 64 * 32].reshape(32, 64))
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("capture", [False, True])
-def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture):
+def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture, kernel):
     """A norm kernel (which lets its dependents start at once) writes the activations a PDL
     linear reads right after, on the same stream, eagerly and in a captured graph: the linear
     must see every value (the buffer is NaN-poisoned just before the norm), and equal a plain
@@ -141,7 +149,7 @@ def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture):
         xn.fill(np.nan)
         out.fill(np.nan)
         norm.residual_rms_norm(e, xn, gamma, m, k, 1e-6, resid_in=resid, resid_out=scratch)
-        linear.project(e, w, xn, m, out)
+        linear.project(e, w, xn, m, out, kernel=kernel)
 
     def run(pdl):
         e.use_pdl = pdl
@@ -168,3 +176,140 @@ def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture):
     x = resid_h.astype(np.float64)
     xn_ref = x / np.sqrt((x * x).mean(1, keepdims=True) + 1e-6) * gamma_h
     assert rel(got, xn_ref @ w.dequantize().astype(np.float64).T) < 2e-5
+
+
+# -- v3 against v2, and v3's plan independence --------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("epi", ["store", "add", "silu_mul"])
+@pytest.mark.parametrize("m", [5, 16, 23])
+def test_v3_under_v2s_plan_is_v2_bit_for_bit(engine, rng, fmt, epi, m):
+    """With linear.cu's plan (its K splits; inner = its 4 warps a block) every warp of v3 takes
+    linear.cu's chunks in its order, decodes the same values and runs the same MMAs and sums:
+    the results are linear.cu's bit for bit, the epilogue applied directly (ksplit 1) or as
+    split partials."""
+    from pydflash import GpuTensor
+    from pydflash.ops import linear, linear_v3
+
+    e, n, k = engine, 1000, 2880
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    x = e.htod(rng.standard_normal((m, k)).astype(np.float32))
+    cols = n // 2 if epi == "silu_mul" else n
+    res_h = rng.standard_normal((m, cols)).astype(np.float32)
+    for ks in [1] if epi == "silu_mul" else [1, linear.k_splits(e, w, "v2")]:
+        outs = []
+        for kernel in KERNELS:
+            out = poisoned(e, (ks, m, cols))
+            if epi == "add":
+                out[0] = e.htod(res_h)  # the residual, updated in place
+            direct = epi if ks == 1 else "store"
+            resid = out[0] if ks == 1 and epi == "add" else None
+            with e.ordered():
+                if kernel == "v2":
+                    linear.project(e, w, x, m, out, direct, resid, ks, m * cols)
+                else:
+                    linear_v3.project(
+                        e, w, x, m, out, direct, resid, ks, m * cols, inner=linear.WARPS
+                    )
+            outs.append(e.dtoh(out))
+        assert not np.isnan(outs[0]).any()
+        np.testing.assert_array_equal(outs[1], outs[0])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_v3_results_do_not_depend_on_block_shape_or_configuration(engine, rng, fmt):
+    """Row groups a block, m-tiles a warp (rows a warp), ring stages and the activations' cache
+    path change where a row is computed, never its sum; only the plan (K splits, inner slices)
+    orders the sum."""
+    from pydflash import GpuTensor
+    from pydflash.ops import linear_v3
+
+    e, n, k, m = engine, 1000, 2880, 16
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    x_h = rng.standard_normal((m, k)).astype(np.float32)
+    x = e.htod(x_h)
+    ks = linear_v3.k_splits(e, w)
+
+    def run(cfg=linear_v3.DEFAULT, inner=None, groups=None):
+        out = poisoned(e, (ks, m, n))
+        with e.ordered():
+            linear_v3.project(
+                e, w, x, m, out, "store", None, ks, m * n, cfg=cfg, inner=inner, groups=groups
+            )
+        got = e.dtoh(out)
+        assert not np.isnan(got).any()
+        return got
+
+    ref = run(inner=4)
+    for groups in (1, 2):
+        np.testing.assert_array_equal(run(inner=4, groups=groups), ref)
+    for cfg in (
+        linear_v3.Config(mt=(2, 2, 2)),
+        linear_v3.Config(stages=(4, 5, 6), max_warps=4),
+        linear_v3.Config(act_cache=1),
+    ):
+        np.testing.assert_array_equal(run(cfg=cfg, inner=4), ref)
+    want = x_h.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    for other in (run(), run(inner=1, groups=4)):  # other sum orders: the same rounding level
+        assert rel(other.sum(0), want) < 2e-5
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+def test_v3_sampling_partials_equal_v2s(engine, rng, fmt, temp):
+    """project_sample: with v2's 4 slices the partials and the stored logits are v2's bit for
+    bit (capped, plus a residual row); with v3's own plan the logits agree to the rounding."""
+    from pydflash import GpuTensor
+    from pydflash.ops import linear, linear_v3
+
+    e, n, k, m = engine, 3000, 1024, 11
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    x = e.htod(rng.standard_normal((m, k)).astype(np.float32))
+    resid = e.htod(rng.standard_normal((m, n)).astype(np.float32))
+    params = e.htod(np.array([temp, 30.0], np.float32))
+    rng_state = e.htod(np.array([7, 9, 1234, 0], np.uint32))
+    blocks = linear.sample_blocks(w)
+
+    def run(kernel, inner=None):
+        y = poisoned(e, (m, n))
+        part, part_idx = poisoned(e, (blocks, m, 4)), e.empty((blocks, m), np.int32)
+        kw = dict(params=params, rng=rng_state, apply_cap=True, y=y, residual=resid, part=part)
+        with e.ordered():
+            if kernel == "v2":
+                linear.project_sample(e, w, x, m, part_idx=part_idx, slot_base=3, **kw)
+            else:
+                linear_v3.project_sample(
+                    e, w, x, m, part_idx=part_idx, slot_base=3, inner=inner, **kw
+                )
+        return e.dtoh(y), e.dtoh(part), e.dtoh(part_idx)
+
+    y2, p2, i2 = run("v2")
+    assert not np.isnan(y2).any() and not np.isnan(p2).any()
+    y3, p3, i3 = run("v3", inner=linear.WARPS)
+    np.testing.assert_array_equal(y3, y2)
+    np.testing.assert_array_equal(p3, p2)
+    np.testing.assert_array_equal(i3, i2)
+    y3, p3, i3 = run("v3")
+    assert np.abs(y3 - y2).max() <= 1e-5 * np.abs(y2).max()
+    assert (i3 >= 0).all() and (i3 // 32 == np.arange(blocks)[:, None]).all()
+
+
+def test_v3_refuses_misaligned_activations_and_f32_goes_to_v2(engine, rng):
+    from pydflash import GpuTensor
+    from pydflash.errors import ShapeError
+    from pydflash.ops import linear, linear_v3
+
+    e, n, k, m = engine, 64, 128, 4
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32), "bf16")
+    buf = e.htod(rng.standard_normal(m * k + 1).astype(np.float32))
+    with pytest.raises(ShapeError, match="16-byte aligned"):
+        linear_v3.project(e, w, buf[1:].reshape(m, k), m, e.empty((m, n)))
+    w32 = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32), "f32")
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    out = poisoned(e, (m, n))
+    with e.ordered():
+        linear.project(e, w32, e.htod(x), m, out, kernel="v3")
+    assert rel(e.dtoh(out), x.astype(np.float64) @ w32.dequantize().T) < 1e-6
+    with pytest.raises(ShapeError, match="kernel must be one of"):
+        linear.k_splits(e, w, "v4")

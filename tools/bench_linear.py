@@ -1,21 +1,38 @@
-"""The decode linear (linear.cu, batch M <= 16) alone, beside its memory floor, with tuning
-variants and a correctness check of every variant (llm.c style: kernel, reference, benchmark).
+"""The decode linears (linear.cu "v2", linear_v3.cu "v3") alone, beside their memory floor, with
+tuning variants and a correctness check of every variant (llm.c style: kernel, reference,
+benchmark).
 
     python tools/bench_linear.py [--preset qwen3-8b-b16] [--precision bf16 q8_0 q4_0]
-                                 [--variants] [--m 16]
+                                 [--variants] [--kernel v2 v3] [--m 16]
 
 Each row: one weight of a layer (and the lm_head sampling pass) at M tokens. Several copies of
 the weight (together well past the L2 cache) are cycled so the time is HBM time, INNER launches
 per CUDA graph replay. floor = weight bytes / copy bandwidth of the same run. Every variant's
 output is first checked against a float64 NumPy product of the dequantized weights (rel error
-printed). --variants also times each without programmatic dependent launch.
+printed; over CHECK_TOL or not finite: FAIL, and the exit status is 1). `plan` is the launch
+plan: ks = K splits the consumer adds, in = slices a block adds, w = warps in the grid.
+
+Variants (--variants adds all but the first of each kernel):
+  v2                the shipped kernel; "v2 no PDL" without programmatic dependent launch
+  v3                linear_v3 with its default Config and plan; "v3 no PDL"
+  v3 v2-plan        v3 under v2's plan (its K splits, 4 slices): v2's results bit for bit
+  v3 in1            every warp alone (inner 1, 4 row groups a block), the K splits multiplied
+                    to fill the GPU (up to 16): each output one lane's sum, more partials
+  v3 g2             2 row groups a block, half the slices each (same warps): the two groups'
+                    warps read the same activation chunks at once (L1 hits through .ca)
+  v3 S-min / S+1    ring stages (2, 2, 2) / one more than the default per format
+  v3 mt2            32 rows a warp (2 m-tiles) in every format
+  v3 act-cg         activations copied through L2 only (cp.async.cg) instead of L1 (.ca)
+  v3 w4             blocks of at most 4 warps (slices), more blocks an SM
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,12 +43,100 @@ from tools.make_checkpoint import PRESETS  # noqa: E402
 
 INNER = 24
 L2_CLEAR_BYTES = 256 << 20  # the copies of one weight together read at least this much
+CHECK_TOL = 2e-5  # rel error against float64 (the hi/lo split's level: ~2.5e-6 measured)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    kernel: str = "v2"
+    pdl: bool = True
+    cfg: Any = None  # linear_v3.Config (None: the default)
+    plan: str = "default"  # "default", "v2" (v2's splits, 4 slices), "in1", "g2"
+
+
+def variants(kernels: list[str], extra: bool) -> list[Variant]:
+    from pydflash.ops import linear_v3
+
+    d = linear_v3.DEFAULT
+    out: list[Variant] = []
+    if "v2" in kernels:
+        out.append(Variant("v2"))
+        if extra:
+            out.append(Variant("v2 no PDL", pdl=False))
+    if "v3" in kernels:
+        out.append(Variant("v3", "v3"))
+        if extra:
+            plus = tuple(min(8, s + 1) for s in d.stages)
+            out += [
+                Variant("v3 no PDL", "v3", pdl=False),
+                Variant("v3 v2-plan", "v3", plan="v2"),
+                Variant("v3 in1", "v3", plan="in1"),
+                Variant("v3 g2", "v3", plan="g2"),
+                Variant("v3 S-min", "v3", cfg=dataclasses.replace(d, stages=(2, 2, 2))),
+                Variant("v3 S+1", "v3", cfg=dataclasses.replace(d, stages=plus)),
+                Variant("v3 mt2", "v3", cfg=dataclasses.replace(d, mt=(2, 2, 2))),
+                Variant("v3 act-cg", "v3", cfg=dataclasses.replace(d, act_cache=1)),
+                Variant("v3 w4", "v3", cfg=dataclasses.replace(d, max_warps=4)),
+            ]
+    return out
+
+
+def launcher(e: Any, v: Variant, w: Any, epi: str, m: int) -> tuple[Any, int, str]:
+    """(call(w, x, out, resid, split_stride), K splits, plan text) of one variant and weight."""
+    from pydflash.ops import linear, linear_v3
+
+    direct = epi in ("silu_mul", "sample")
+    if v.kernel == "v2":
+        ks = 1 if direct else linear.k_splits(e, w, "v2")
+        blocks = -(-w.out_features // linear.ROWS_PER_BLOCK) * ks * -(-m // 16)
+        text = f"ks{ks} in{linear.WARPS} w{blocks * linear.WARPS}"
+
+        def call(w, x, out, resid, stride):
+            linear.project(
+                e, w, x, m, out, "store" if ks > 1 else epi, resid, ks, stride, kernel="v2"
+            )
+
+        return call, ks, text
+    cfg = v.cfg or linear_v3.DEFAULT
+    inner = groups = None
+    if v.plan == "v2":
+        ks, inner = (1 if direct else linear.k_splits(e, w, "v2")), linear.WARPS
+    elif v.plan == "in1":
+        p0 = linear_v3.plan(e, w, 1 if direct else linear_v3.k_splits(e, w, cfg), cfg)
+        want = 1 if direct else min(linear.MAX_K_SPLITS, p0.n_splits * p0.inner)
+        ks, inner = linear.split_k_plan(w.in_features // linear.CHUNK, want)[0], 1
+    else:
+        ks = 1 if direct else linear_v3.k_splits(e, w, cfg)
+        if v.plan == "g2":
+            inner, groups = max(1, linear_v3.plan(e, w, ks, cfg).inner // 2), 2
+    p = linear_v3.plan(e, w, ks, cfg, inner, groups)
+    text = f"ks{p.n_splits} in{p.inner} w{p.blocks() * p.warps_per_block * -(-m // 16)}"
+
+    def call3(w, x, out, resid, stride):
+        linear_v3.project(
+            e,
+            w,
+            x,
+            m,
+            out,
+            "store" if ks > 1 else epi,
+            resid,
+            ks,
+            stride,
+            cfg=cfg,
+            inner=inner,
+            groups=groups,
+        )
+
+    return call3, ks, text
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--preset", default="qwen3-8b-b16", choices=sorted(PRESETS))
     ap.add_argument("--precision", nargs="+", default=["bf16", "q8_0", "q4_0"])
+    ap.add_argument("--kernel", nargs="+", default=["v2", "v3"], choices=["v2", "v3"])
     ap.add_argument("--m", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--variants", action="store_true")
@@ -40,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
 
     from pydflash import Engine, GpuTensor
-    from pydflash.ops import linear
 
     e = Engine(0)
     bw = copy_bandwidth(cp, e.stream)
@@ -50,13 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng()
     print(f"device {e.name}, copy bandwidth {bw / 1e12:.3f} TB/s, {args.preset}, M = {m}")
     print(
-        f"{'weight':44s} {'variant':22s} {'median us':>9s} {'floor us':>8s} {'ratio':>6s} "
-        f"{'TB/s':>5s} {'rel err':>8s}"
+        f"{'weight':40s} {'variant':12s} {'plan':18s} {'median us':>9s} {'floor us':>8s} "
+        f"{'ratio':>6s} {'TB/s':>5s} {'rel err':>8s}"
     )
-
-    # (name, programmatic dependent launch)
-    variants = [("default", True)] + ([("no PDL", False)] if args.variants else [])
-
+    failed = 0
     shapes = [
         ("qkv", q_dim + 2 * kv_dim, hidden, "store"),
         ("o", hidden, q_dim, "add"),
@@ -75,51 +176,34 @@ def main(argv: list[str] | None = None) -> int:
                 ws = [w0] + [
                     GpuTensor.from_bf16_bits(e, cp.asarray(bits), prec) for _ in range(copies - 1)
                 ]
-                wd = w0.dequantize().astype(np.float64)
+                del bits
                 x_h = rng.standard_normal((m, k)).astype(np.float32)
                 x = cp.asarray(x_h)
-                ref = x_h.astype(np.float64) @ wd.T
+                ref = x_h.astype(np.float64) @ w0.dequantize().astype(np.float64).T
                 if epi == "silu_mul":
                     gg = ref.reshape(m, -1, 2, 8)
                     ref = (gg[:, :, 0] / (1 + np.exp(-gg[:, :, 0])) * gg[:, :, 1]).reshape(m, -1)
                 resid_h = rng.standard_normal((m, n)).astype(np.float32) if epi == "add" else None
                 if epi == "add":
                     ref = ref + resid_h
-                for vname, pdl in variants:
-                    ks = 1 if epi == "silu_mul" else linear.k_splits(e, w0)
-                    ncols = n // 2 if epi == "silu_mul" else n
+                ncols = n // 2 if epi == "silu_mul" else n
+                for v in variants(args.kernel, args.variants):
+                    call, ks, plan_text = launcher(e, v, w0, epi, m)
                     out = cp.full((ks, m, ncols), np.nan, np.float32)
-                    resid = cp.asarray(resid_h) if resid_h is not None else None
-                    e.use_pdl = pdl
+                    resid = cp.asarray(resid_h) if resid_h is not None and ks == 1 else None
+                    e.use_pdl = v.pdl
                     try:
-
-                        def call(w, out=out, resid=resid, ks=ks):
-                            linear.project(
-                                e,
-                                w,
-                                x,
-                                m,
-                                out,
-                                "store" if ks > 1 else epi,
-                                None if ks > 1 else resid,
-                                ks,
-                                m * ncols,
-                            )
-
-                        call(w0)
-                        got = cp.asnumpy(out).astype(np.float64)
-                        got = (
-                            got.sum(0) + (resid_h if resid_h is not None else 0)
-                            if ks > 1
-                            else got[0]
-                        )
+                        call(w0, x, out, resid, m * ncols)
+                        got = cp.asnumpy(out).astype(np.float64).sum(0)
+                        if resid_h is not None and ks > 1:
+                            got += resid_h
                         err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
                         if not np.isfinite(got).all():
                             err = float("nan")
                         e.stream.begin_capture()
                         try:
                             for i in range(INNER):
-                                call(ws[i % len(ws)])
+                                call(ws[i % len(ws)], x, out, resid, m * ncols)
                         finally:
                             graph = e.stream.end_capture()
                         ms = timed(cp, e.stream, lambda: graph.launch(e.stream), args.repeats)
@@ -127,14 +211,19 @@ def main(argv: list[str] | None = None) -> int:
                     finally:
                         e.use_pdl = True
                     us, floor = ms * 1e3, w0.nbytes / bw * 1e6
-                    label = f"{prec} {name} [{n}x{k}] ks{ks}"
+                    bad = not err < CHECK_TOL  # NaN fails too
+                    failed += bad
+                    label = f"{prec} {name} [{n}x{k}]"
                     print(
-                        f"{label:44s} {vname:22s} {us:9.1f} {floor:8.1f} {us / floor:6.2f} "
-                        f"{w0.nbytes / us / 1e6:5.2f} {err:8.1e}",
+                        f"{label:40s} {v.name:12s} {plan_text:18s} {us:9.1f} {floor:8.1f} "
+                        f"{us / floor:6.2f} {w0.nbytes / us / 1e6:5.2f} {err:8.1e}"
+                        + ("  FAIL" if bad else ""),
                         flush=True,
                     )
                 del ws, w0
-    return 0
+    if failed:
+        print(f"{failed} variant(s) FAILED the check against float64 (rel err >= {CHECK_TOL})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

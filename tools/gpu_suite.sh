@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole GPU suite and the benchmarks, from the repository root on the device machine:
-#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|long]  (default: all)
+#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|long]  (default: all)
 # tests:   the test suite, CPU and GPU (about 2 min on an H200)
 # scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
 #          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step)
 # checks:  load_check of every preset (bf16 and q8_0, ctx 4096), the soak, bench_round
 # kernels: bench_linear (decode linear vs its floor), bench_attention, bench_kernels
+# bench:   bench_round at ctx 4096 (qwen3-8b with --propose, gemma4-31b) and bench_kernels
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
 # Run the parts as separate device calls so each fits the 10-minute limit. Logs go to $OUT
 # (or ./gpu_logs); the summary lines print last.
@@ -47,10 +48,15 @@ fi
 if [ "$PART" = kernels ]; then
   run bench_linear python3 tools/bench_linear.py --variants
   run bench_attention python3 tools/bench_attention.py
-  run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0
+  run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
+fi
+if [ "$PART" = bench ]; then   # issue 10's tables at ctx 4096 and the per-kernel profile
+  run bench_qwen python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --propose
+  run bench_gemma python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 4096
+  run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
 fi
 if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in rings)
-  run bench_qwen_long python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q4_0 --ctx 131072 --rounds 30
+  run bench_qwen_long python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
   run bench_gemma_long python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
 fi
 

@@ -2,9 +2,33 @@
 specs and its launchers. Launchers are unchecked (callers validated shapes); they queue on the
 current stream, which every entry point makes the runtime's."""
 
-from . import attention, elementwise, gemm, linear, markov, norm, qkv_rope, quant, sampling, verify
+from . import (
+    attention,
+    elementwise,
+    gemm,
+    linear,
+    linear_v3,
+    markov,
+    norm,
+    qkv_rope,
+    quant,
+    sampling,
+    verify,
+)
 
 FAMILIES = tuple(
     m.FAMILY
-    for m in (linear, gemm, attention, norm, qkv_rope, elementwise, sampling, markov, quant, verify)
+    for m in (
+        linear,
+        linear_v3,
+        gemm,
+        attention,
+        norm,
+        qkv_rope,
+        elementwise,
+        sampling,
+        markov,
+        quant,
+        verify,
+    )
 )

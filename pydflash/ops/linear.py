@@ -1,37 +1,36 @@
 """linear.cu: Y[M, N] = X[M, K] . W[N, K]^T on the tensor cores (bf16 / q8_0 / q4_0 weights,
 f32 activations split hi/lo) or in f32 FFMA (the f32 parity format), with split-K partials
 added by the consumer kernels (qkv_norm_rope, residual_rms_norm), and the sampling epilogue
-(`project_sample`): logits streamed into Gumbel-max partials instead of being stored."""
+(`project_sample`): logits streamed into Gumbel-max partials instead of being stored.
+
+`kernel` picks the implementation of the tensor-core formats: "v3" (linear_v3.cu: a per-warp
+cp.async ring, pydflash/ops/linear_v3.py; the default) or "v2" (this module's linear.cu). f32
+weights always take linear.cu's FFMA kernel. k_splits and project must be given the same
+kernel: the consumer adds exactly the partials that kernel's plan writes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ShapeError
 from ..kernels import Family
+from . import linear_v3 as _v3
+
+# shared with linear_v3 (and used as linear.split_k_plan, linear.CHUNK, ... by callers)
+from .linear_split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, split_k_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
 
-
-class GpuTensor(Protocol):
-    """What the launchers read of a pydflash.tensor.GpuTensor (structural: importing tensor
-    here would close an import cycle, tensor -> ops)."""
-
-    fmt: str
-    out_features: int
-    in_features: int
-    data: Any
-    scales: Any
-
-
 WARPS = 4  # warps per block
 UNROLL = 2  # 32-chunks a warp loads before computing
 ROWS_PER_BLOCK = 32  # output rows per block: two m-tiles of 16
-CHUNK = 32  # K walks 32-wide chunks (= the GGML block)
-MAX_K_SPLITS = 16
 F32_WARPS = 8
-EPILOGUES = ("store", "add", "silu_mul")
+KERNELS = ("v2", "v3")
+# v3 is the default: faster than v2 in every tensor-core format at the public geometries
+# (PERF.md "linear_v3", tools/bench_linear.py --variants); v2 stays selectable and is the
+# reference v3 equals bit for bit under v2's plan.
+DEFAULT_KERNEL = "v3"
 
 FAMILY = Family(
     "linear",
@@ -73,21 +72,19 @@ SAMPLE_F32 = FAMILY.kernel("linear_f32_sample", _SAMPLE_SIG.replace("unsigned ch
 F32_ROWS = 16  # output rows per block of the f32 kernel (F32_WARPS row pairs)
 
 
-def split_k_plan(chunks: int, want: int) -> tuple[int, int]:
-    """(splits, chunks per split) for cutting `chunks` 32-wide K chunks into at most `want`
-    ranges of whole chunks. Every split it counts is non-empty: the consumers add exactly that
-    many partial sums, so a split launched with no chunks would leave its partial unwritten
-    (e.g. 90 chunks cut for 11 splits gives ranges of 9: only 10 exist)."""
-    want = max(1, min(want, chunks))
-    per_split = -(-chunks // want)
-    return -(-chunks // per_split), per_split
+def _kernel(kernel: str) -> str:
+    if kernel not in KERNELS:
+        raise ShapeError(f"kernel must be one of {KERNELS}, found {kernel!r}")
+    return kernel
 
 
-def k_splits(rt: Runtime, w: GpuTensor) -> int:
+def k_splits(rt: Runtime, w: GpuTensor, kernel: str = DEFAULT_KERNEL) -> int:
     """Split-K factor of a weight at batch <= 16: enough blocks to fill the GPU (about 4 per
     SM) while each split keeps every warp of its block busy; 1 for f32 (one FFMA pass).
     It depends on the weight and the device only, never on M, so a row's result is the same
-    in every batch."""
+    in every batch. kernel="v3": linear_v3's outer splits."""
+    if _kernel(kernel) == "v3":
+        return _v3.k_splits(rt, w)
     if w.fmt == "f32":
         return 1
     n, k = w.out_features, w.in_features
@@ -108,12 +105,17 @@ def project(
     residual: Any = None,
     ksplit: int = 1,
     split_stride: int = 0,
+    *,
+    kernel: str = DEFAULT_KERNEL,
 ) -> None:
     """out = x . w^T (epilogue store), residual + x . w^T (add; residual may alias out), or
     silu(gate) * up for an interleaved gate/up weight (silu_mul). Rows are strided by their
     arrays' own row strides. ksplit > 1 (store only) writes ksplit partial sums to
-    out + s*split_stride for the consumer to add."""
+    out + s*split_stride for the consumer to add. kernel="v3": linear_v3 (not f32)."""
     if m == 0:  # nothing to compute (a zero grid is a launch error)
+        return
+    if _kernel(kernel) == "v3" and w.fmt != "f32":
+        _v3.project(rt, w, x, m, out, epilogue, residual, ksplit, split_stride)
         return
     n, k = w.out_features, w.in_features
     ldx = x.strides[0] // 4 if x.ndim == 2 else k
@@ -170,13 +172,31 @@ def project_sample(
     part: Any = None,
     part_idx: Any = None,
     slot_base: int = 0,
+    kernel: str = DEFAULT_KERNEL,
 ) -> None:
     """The sampling epilogue over z = x . w^T (one K range): z soft-capped when apply_cap and
     params[1] > 0, plus `residual` rows when given, stored to `y` when given; with `part` each
     block of rows writes one Gumbel-max partial per token (part [sample_blocks(w), m, 4] f32,
     part_idx [sample_blocks(w), m] int32) for sampling.finish. params [T, cap] and rng (seed,
-    offset words) are device arrays read by the kernel; token i is draft slot slot_base + i."""
+    offset words) are device arrays read by the kernel; token i is draft slot slot_base + i.
+    kernel="v3": linear_v3 (not f32; the same partial layout)."""
     if m == 0:
+        return
+    if _kernel(kernel) == "v3" and w.fmt != "f32":
+        _v3.project_sample(
+            rt,
+            w,
+            x,
+            m,
+            params=params,
+            rng=rng,
+            apply_cap=apply_cap,
+            y=y,
+            residual=residual,
+            part=part,
+            part_idx=part_idx,
+            slot_base=slot_base,
+        )
         return
     n, k = w.out_features, w.in_features
     ldx = x.strides[0] // 4 if x.ndim == 2 else k
