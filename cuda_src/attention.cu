@@ -306,12 +306,37 @@ __device__ __forceinline__ void attn_partial_impl(
     }
 }
 
+// The sequence dimension (batched rounds, pydflash.batch): grid z = the batch's sequences.
+// Sequence z reads its queries, query positions and key count at z * seq_q / z * seq_state,
+// writes its partials z * seq_part_rows (split, head, query) rows further, and reads the K/V
+// rows and key positions of cache slot seq_slot[z] (slot z when seq_slot is null) slot_kv /
+// slot_kpos elements apart (slot -1: a padding sequence of a graph bucket, skipped). A single
+// sequence is z = 0: every offset 0, the same arithmetic.
+#define ATT_SEQ_PARAMS                                                                    \
+    , const int *seq_slot, long long slot_kv, long long slot_kpos, long long seq_q,       \
+        long long seq_state, long long seq_part_rows
+#define ATT_SEQ_APPLY(HD_)                                                                \
+    do {                                                                                  \
+        const long long seq_ = blockIdx.z;                                                \
+        const long long slot_ = seq_slot != nullptr ? (long long)seq_slot[seq_] : seq_;   \
+        if (slot_ < 0) return; /* a bucket's padding sequence */                          \
+        q += seq_ * seq_q;                                                                \
+        qpos += seq_ * seq_state;                                                         \
+        if (n_keys_base != nullptr) n_keys_base += seq_ * seq_state;                      \
+        K += slot_ * slot_kv;                                                             \
+        V += slot_ * slot_kv;                                                             \
+        kpos += slot_ * slot_kpos;                                                        \
+        o_part += seq_ * seq_part_rows * (long long)(HD_);                                \
+        ml_part += seq_ * seq_part_rows * 2;                                              \
+    } while (0)
+
 #define ATT_ENTRY(NAME, T, RPT, ORPT)                                                             \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) NAME##_r##RPT##_o##ORPT(            \
         const float* q, long long ldq, const T* K, const T* V, long long ldkv, const int* qpos,   \
         const int* kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits, int n_head,   \
         int n_kv, int hd, int window, int causal_rows, int q_row0, float scale, int stages,       \
-        int ring, int key_window, float* o_part, float* ml_part) {                                \
+        int ring, int key_window, float* o_part, float* ml_part ATT_SEQ_PARAMS) {                 \
+        ATT_SEQ_APPLY(hd);                                                                        \
         attn_partial_impl<RPT, ORPT, T>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base, \
                                         n_splits, n_head, n_kv, hd, window, causal_rows, q_row0,  \
                                         scale, stages, ring, key_window, o_part, ml_part);        \
@@ -713,7 +738,8 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
         const float* q, long long ldq, const T* K, const T* V, long long ldkv, const int* qpos,   \
         const int* kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits, int n_head,   \
         int n_kv, int hd, int window, int causal_rows, int q_row0, float scale, int stages,       \
-        int ring, int key_window, float* o_part, float* ml_part) {                                \
+        int ring, int key_window, float* o_part, float* ml_part ATT_SEQ_PARAMS) {                 \
+        ATT_SEQ_APPLY(HD);                                                                        \
         IMPL<HD, W>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base, n_splits, n_head,   \
                     n_kv, window, causal_rows, q_row0, scale, ring, key_window, o_part, ml_part); \
     }
@@ -731,7 +757,7 @@ ATT_TC_ENTRIES(32)
 ATT_TC_ENTRIES(64)
 ATT_TC_ENTRIES(128)
 
-// One warp per (head, query) row, 4 rows a block of 128 threads; lane c holds the dims
+// One warp per (head, query) row, 4 rows a block of 128 threads (grid y: sequences); lane c holds the dims
 // 4c..4c+3 (+128 for hd 256): out [n_q, n_head*hd] row stride ldo. The splits' (max, sum) are
 // read by the lanes in parallel (32 splits a pass), their weights broadcast, and the partial O
 // rows summed in split order with no branch between the loads (a split that saw no visible key
@@ -739,7 +765,12 @@ ATT_TC_ENTRIES(128)
 extern "C" __global__ void __launch_bounds__(128)
     attn_combine(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                  float* __restrict__ out, long long ldo, int n_q, int n_head, int hd,
-                 int n_splits) {
+                 int n_splits, long long seq_part_rows, long long seq_out) {
+    // grid y = the batch's sequences (ATT_SEQ_PARAMS): sequence y's partials and output rows
+    // (a padding sequence's are never read)
+    o_part += blockIdx.y * seq_part_rows * hd;
+    ml_part += blockIdx.y * seq_part_rows * 2;
+    out += blockIdx.y * seq_out;
     const int lane = threadIdx.x & 31;
     const long long split_rows = (long long)n_head * n_q;
     const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);  // h * n_q + i

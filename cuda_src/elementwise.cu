@@ -59,7 +59,16 @@ extern "C" __global__ void softcap_inplace(float* x, long long n, float cap) {
 // The round's block positions into the KV position table: pos[*len + i] = block_pos[i].
 // *len is read on the device (see qkv_post), so a captured round stays valid as len grows.
 extern "C" __global__ void scatter_block_pos(int* pos, const int* len, const int* block_pos,
-                                             int b) {
+                                             int b, const int* seq_slot, long long slot_kpos,
+                                             long long seq_state) {
+    // grid y = the batch's sequences: sequence y's len / block positions at y * seq_state, its
+    // positions row in cache slot seq_slot[y] (y when null) slot_kpos ints apart
+    const long long seq = blockIdx.y;
+    const long long slot = seq_slot != nullptr ? (long long)seq_slot[seq] : seq;
+    if (slot < 0) return;  // a bucket's padding sequence
+    pos += slot * slot_kpos;
+    len += seq * seq_state;
+    block_pos += seq * seq_state;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < b) pos[*len + i] = block_pos[i];
 }

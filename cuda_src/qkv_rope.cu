@@ -103,7 +103,20 @@ __device__ __forceinline__ void qkv_norm_rope_impl(
              const float* bias, float* q_out, T* k_out, T* v_out, const int* row_base,        \
              long long row0, int ring, long long keep_from, const float* q_norm,              \
              const float* k_norm, const int* pos, const float* inv_freq, float rope_factor,   \
-             int rows, int n_q, int n_kv, int hd, float eps) {                                \
+             int rows, int n_q, int n_kv, int hd, float eps, const int* seq_slot,             \
+             long long slot_kv, long long seq_src, long long seq_q, long long seq_state) {    \
+        /* grid y = the batch's sequences: sequence y's src / q rows and positions at       \
+           y * seq_src / seq_q / seq_state, its K/V in cache slot seq_slot[y] (y when null) \
+           slot_kv elements apart; a single sequence is y = 0 (no offset) */                \
+        const long long seq_ = blockIdx.y;                                                    \
+        const long long slot_ = seq_slot != nullptr ? (long long)seq_slot[seq_] : seq_;       \
+        if (slot_ < 0) return; /* a bucket's padding sequence */                              \
+        src += seq_ * seq_src;                                                                \
+        if (q_out != nullptr) q_out += seq_ * seq_q;                                          \
+        pos += seq_ * seq_state;                                                              \
+        if (row_base != nullptr) row_base += seq_ * seq_state;                                \
+        if (k_out != nullptr) k_out += slot_ * slot_kv;                                       \
+        if (v_out != nullptr) v_out += slot_ * slot_kv;                                       \
         qkv_norm_rope_impl<T>(src, ld_src, n_split, split_stride, bias, q_out, k_out, v_out,  \
                               row_base, row0, ring, keep_from, q_norm, k_norm, pos, inv_freq, \
                               rope_factor, rows, n_q, n_kv, hd, eps);                         \

@@ -30,6 +30,7 @@ _GPU = {
     "DflashLayer": "weights",
     "MarkovHead": "weights",
     "DflashKv": "kv",
+    "DflashBatchKv": "batch_kv",
     "Proposal": "draft_step",
     "Verdict": "verify",
 }

@@ -13,13 +13,14 @@ host: their buffers live in the drafter's RoundBuffers (one drafter = one stream
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import checks
+from .batch_api import BatchApi, BatchRound
 from .checkpoint import Checkpoint
 from .config import DflashCfg
 from .engine import Engine
@@ -28,7 +29,7 @@ from .errors import ShapeError
 from .kv import DflashKv, positions_ringable
 from .ops import attention, gemm, linear, norm, qkv_rope
 from .ops.elementwise import scatter_block_pos
-from .round_api import DraftApi
+from .ops.seqs import Seqs
 from .round_buffers import INGEST_CHUNK, RoundBuffers
 from .tensor import GpuTensor
 from .weights import (
@@ -42,7 +43,7 @@ from .weights import (
 )
 
 
-class DflashDraft(DraftApi):
+class DflashDraft(BatchApi):
     def __init__(
         self,
         e: Engine,
@@ -69,6 +70,8 @@ class DflashDraft(DraftApi):
         # forward_round replays one captured CUDA graph per DflashKv (see forward_round)
         self.cuda_graphs = cuda_graphs
         self._graphs: weakref.WeakKeyDictionary[DflashKv, Any] = weakref.WeakKeyDictionary()
+        # batched rounds: per DflashBatchKv its buffers and graphs (pydflash.batch_api)
+        self._batch_rounds = weakref.WeakKeyDictionary()
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
@@ -281,18 +284,26 @@ class DflashDraft(DraftApi):
         out[...] = buf.out
         return out
 
-    def _round_kernels(self, e: Engine, kv: DflashKv) -> None:
-        """Every launch of a round; nothing here depends on kv.len on the host."""
-        c, buf, b, h = self.cfg, self._buf, self.cfg.block_size, self.cfg.hidden
-        length, pos = kv.round_state[:1], kv.round_state[1:]
-        qkv_stride, x_stride = b * buf.qkv_part.shape[2], b * h
-        scatter_block_pos(e, kv.pos, length, pos, b)
+    def _round_kernels(self, e: Engine, kv: Any, batch: BatchRound | None = None) -> None:
+        """Every launch of a round, over one DflashKv or (batch) a bucket of sequences of a
+        DflashBatchKv: the same launches with the sequences as one more grid dimension and
+        their blocks stacked as rows (pydflash.batch_api). Nothing here depends on a len on
+        the host."""
+        c, b, h = self.cfg, self.cfg.block_size, self.cfg.hidden
+        seqs: Callable[[int], Seqs | None] = lambda li: None  # one sequence: no grid dim
+        if batch is None:
+            buf, m, state = self._buf, b, kv.round_state
+        else:
+            buf, m, state, seqs = batch.buf, batch.n * b, batch.state, batch.seqs
+        length, pos = state[:1], state[1:]  # a sequence's [len, block positions...]
+        qkv_stride, x_stride = m * buf.qkv_part.shape[2], m * h
+        scatter_block_pos(e, kv.pos, length, pos, b, seqs(0))
         # x = noise_emb (the residual stream); xn = input_layernorm of layer 0
         norm.residual_rms_norm(
             e,
             buf.xn,
             self.layers[0].input_layernorm,
-            b,
+            m,
             h,
             c.eps,
             resid_in=buf.noise,
@@ -300,7 +311,7 @@ class DflashDraft(DraftApi):
         )
         for li, layer in enumerate(self.layers):
             linear.project(
-                e, layer.qkv, buf.xn, b, buf.qkv_part, ksplit=buf.ks_qkv, split_stride=qkv_stride
+                e, layer.qkv, buf.xn, m, buf.qkv_part, ksplit=buf.ks_qkv, split_stride=qkv_stride
             )
             # q heads -> buf.q; block K/V -> the scratch rows at len (read on the device)
             qkv_rope.qkv_norm_rope(
@@ -325,6 +336,7 @@ class DflashDraft(DraftApi):
                 row_base=length,
                 rope_factor=buf.rope_factor[li],
                 ring=kv.layer_ring(li, c),
+                seqs=seqs(li),
             )
             attention.attend(
                 e,
@@ -347,16 +359,17 @@ class DflashDraft(DraftApi):
                 causal=c.is_causal,
                 ring=kv.layer_ring(li, c),
                 key_window=kv.layer_keys(li, c),
+                seqs=seqs(li),
             )
             # x += o(attn) + o_bias; xn = post_attention_layernorm(x)
             linear.project(
-                e, layer.o, buf.attn, b, buf.x_part, ksplit=buf.ks_o, split_stride=x_stride
+                e, layer.o, buf.attn, m, buf.x_part, ksplit=buf.ks_o, split_stride=x_stride
             )
             norm.residual_rms_norm(
                 e,
                 buf.xn,
                 layer.post_attention_layernorm,
-                b,
+                m,
                 h,
                 c.eps,
                 resid_in=buf.x,
@@ -366,17 +379,17 @@ class DflashDraft(DraftApi):
                 bias=layer.o_bias,
                 resid_out=buf.x,
             )
-            linear.project(e, layer.gate_up, buf.xn, b, buf.ff, "silu_mul")
+            linear.project(e, layer.gate_up, buf.xn, m, buf.ff, "silu_mul")
             # x += down(ff); xn = the next layer's input_layernorm(x), or the final norm
             linear.project(
-                e, layer.down, buf.ff, b, buf.x_part, ksplit=buf.ks_down, split_stride=x_stride
+                e, layer.down, buf.ff, m, buf.x_part, ksplit=buf.ks_down, split_stride=x_stride
             )
             last = li + 1 == len(self.layers)
             norm.residual_rms_norm(
                 e,
                 buf.out if last else buf.xn,
                 self.norm if last else self.layers[li + 1].input_layernorm,
-                b,
+                m,
                 h,
                 c.eps,
                 resid_in=buf.x,

@@ -3,7 +3,7 @@ drafter, so ingest_ctx and forward_round never allocate), and its per-layer RoPE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,25 +19,63 @@ INGEST_CHUNK = 256  # ctx rows projected per launch in ingest_ctx (bounds its bu
 
 
 class RoundBuffers:
-    """Device buffers of the block rows and ingest chunks, allocated once per drafter, and the
-    per-layer RoPE tables. The split-K factors are fixed per weight, so the partial-sum
-    buffers are sized here too."""
+    """Device buffers of the block rows and ingest chunks, allocated once per drafter (and once
+    per batch pool for batched rounds: `seqs` sequences' blocks stacked, seqs * block_size
+    rows), and the per-layer RoPE tables. The split-K factors are fixed per weight, so the
+    partial-sum buffers are sized here too."""
 
-    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer) -> None:
-        b = cfg.block_size
+    noise: Any  # float32 buffers, shapes in _shapes
+    out: Any
+    x: Any
+    xn: Any
+    qkv_part: Any
+    x_part: Any
+    q: Any
+    attn: Any
+    ff: Any
+    kv_part: Any
+
+    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> None:
         self.ks_qkv, self.ks_kv = linear.k_splits(e, layer.qkv), linear.k_splits(e, layer.kv)
         self.ks_o, self.ks_down = linear.k_splits(e, layer.o), linear.k_splits(e, layer.down)
-        self.noise = e.empty((b, cfg.hidden))  # the round's input, copied in
-        self.out = e.empty((b, cfg.hidden))  # the round's output
-        self.x = e.empty((b, cfg.hidden))  # the residual stream
-        self.xn = e.empty((b, cfg.hidden))  # its normed copy
-        self.qkv_part = e.empty((self.ks_qkv, b, layer.qkv.out_features))
-        self.x_part = e.empty((max(self.ks_o, self.ks_down), b, cfg.hidden))
-        self.q = e.empty((b, cfg.q_dim))
-        self.attn = e.empty((b, cfg.q_dim))
-        self.ff = e.empty((b, cfg.n_ff))
-        self.kv_part = e.empty((self.ks_kv, INGEST_CHUNK, 2 * cfg.kv_dim))
-        self.att = attention.Scratch(e, cfg.n_head, cfg.n_kv, b, cfg.head_dim)
+        self.seqs = seqs
+        for name, shape in _shapes(cfg, layer, seqs, self).items():
+            setattr(self, name, e.empty(shape))
+        self.att = attention.Scratch(
+            e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
+        )
         specs = [cfg.rope_of(i) for i in range(cfg.n_layer)]
         self.inv_freq = e.upload(np.stack([inv_freq(s, cfg.head_dim) for s in specs]))
         self.rope_factor = [attention_factor(s) for s in specs]
+
+    @staticmethod
+    def nbytes(e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> int:
+        """Device bytes of the buffers of `seqs` stacked blocks (checked before allocating)."""
+        ks = _Splits(e, layer)
+        rows = attention.rows_per_launch(cfg.n_head, cfg.n_kv, cfg.head_dim, e.smem_per_block)
+        n_q = max(1, min(cfg.block_size, rows))
+        att = seqs * attention.MAX_SPLITS * cfg.n_head * n_q * (cfg.head_dim + 2)
+        return 4 * (sum(int(np.prod(s)) for s in _shapes(cfg, layer, seqs, ks).values()) + att)
+
+
+class _Splits:
+    def __init__(self, e: Engine, layer: DflashLayer) -> None:
+        self.ks_qkv, self.ks_kv = linear.k_splits(e, layer.qkv), linear.k_splits(e, layer.kv)
+        self.ks_o, self.ks_down = linear.k_splits(e, layer.o), linear.k_splits(e, layer.down)
+
+
+def _shapes(cfg: DflashCfg, layer: DflashLayer, seqs: int, ks: Any) -> dict[str, tuple]:
+    """The float32 buffers of a round over `seqs` stacked blocks, by name."""
+    m, h = seqs * cfg.block_size, cfg.hidden
+    return {
+        "noise": (m, h),  # the round's input, copied in
+        "out": (m, h),  # the round's output
+        "x": (m, h),  # the residual stream
+        "xn": (m, h),  # its normed copy
+        "qkv_part": (ks.ks_qkv, m, layer.qkv.out_features),
+        "x_part": (max(ks.ks_o, ks.ks_down), m, h),
+        "q": (m, cfg.q_dim),
+        "attn": (m, cfg.q_dim),
+        "ff": (m, cfg.n_ff),
+        "kv_part": (ks.ks_kv, INGEST_CHUNK, 2 * cfg.kv_dim),
+    }

@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                         n_head=nh,
                         hd=hd,
                         n_splits=splits,
+                        seq_part_rows=0,
+                        seq_out=0,
                     )
                 )
                 print(f"{name:10s} ctx {ctx:6d} combine alone, {splits} splits: {ms * 1e3:.1f} us")

@@ -1,13 +1,15 @@
 """Benchmark the drafter's hot paths against their memory floors, with CUDA events.
 
     python tools/bench_round.py [--preset qwen3-8b-b16 | --ckpt DIR] [--precision bf16 q8_0]
-                                [--ctx 4096] [--rounds 200] [--propose]
+                                [--ctx 4096] [--rounds 200] [--propose] [--batch 1 4 16 64]
 
 For each precision: forward_round at ctx (on the drafter's default KV: bf16 K/V but for f32,
 sliding layers in rings), ingest_ctx of 1 and of 4096 rows, draft_tokens with a synthetic bf16
 lm_head of the target's vocabulary; with --propose also the whole round
 (DflashDraft.propose: embeddings + forward_round + draft step, one CUDA graph) greedy and at
-T = 0.7, whose floor is (layer weights + lm_head (+ Markov W2 per draft)) / bandwidth. Each
+T = 0.7, whose floor is (layer weights + lm_head (+ Markov W2 per draft)) / bandwidth.
+With --batch: only forward_round_batch (pydflash.batch_api) at each batch size, its drafted
+tokens per second and its time against B = 1 (bench_batch). Each
 median sits beside its floor = bytes the op must read / the device-to-device copy bandwidth
 measured in the same run, and the ratio.
 """
@@ -238,6 +240,57 @@ def bench_precision(
     return rows
 
 
+def bench_batch(
+    cp, e, ckpt: Path, precision: str, ctx: int, batches: list[int], rounds: int, bw: float, rng
+) -> None:
+    """forward_round_batch over B sequences of ctx rows each (one pool; each batch size's
+    graph bucket captured on its first call): median round time, drafted tokens per second
+    (B x the drafts a block yields, per round time), the time against B = 1's, and the floor
+    = (layer weights + every sequence's K/V) / bandwidth."""
+    from pydflash import DflashDraft
+    from pydflash.kv import round_kv_bytes
+
+    d = DflashDraft.load(e, ckpt, precision)
+    c = d.cfg
+    b, most = c.block_size, max(batches)
+    pool = d.new_batch_kv(e, most, ctx + b)
+    slots = [pool.add() for _ in range(most)]
+    with e.device, e.stream:
+        feats = cp.random.standard_normal((ctx, c.hidden), dtype=np.float32)
+    t0 = time.perf_counter()
+    for s in slots:  # the same ctx rows in every slot (the round reads each slot's own copy)
+        d.ingest_ctx(e, pool.slot(s), feats, np.arange(ctx), ctx)
+    e.synchronize()
+    print(
+        f"batch pool: {most} slots of cap {pool.cap} ({pool.nbytes / 2**30:.2f} GiB K/V), "
+        f"ingest {time.perf_counter() - t0:.2f} s"
+    )
+    n_drafts = len(c.draft_rows())
+    kv_bytes = round_kv_bytes(c, ctx, pool.dtype, pool.cap)
+    print(
+        f"\n{'precision':9s} {'B':>3s} {'round ms':>9s} {'x B=1':>6s} {'drafted tok/s':>14s} "
+        f"{'floor ms':>9s} {'ratio':>6s}"
+    )
+    base = None
+    for n in batches:
+        noise = e.htod(rng.standard_normal((n, b, c.hidden), dtype=np.float32) * 0.02)
+        blocks = np.tile(np.arange(ctx, ctx + b, dtype=np.int32), (n, 1))
+        out = e.empty((n, b, c.hidden))
+        ms = timed(
+            cp,
+            e.stream,
+            lambda: d.forward_round_batch(e, pool, slots[:n], noise, blocks, out=out),
+            rounds,
+            warmup=10,
+        )
+        base = base or ms
+        floor = (d.weight_bytes + n * kv_bytes) / bw * 1e3
+        print(
+            f"{precision:9s} {n:3d} {ms:9.3f} {ms / base:6.2f} {n * n_drafts / (ms * 1e-3):14.0f} "
+            f"{floor:9.3f} {ms / floor:6.2f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--preset", default="qwen3-8b-b16", choices=sorted(PRESETS))
@@ -247,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument(
         "--propose", action="store_true", help="also time DflashDraft.propose (T = 0 and 0.7)"
+    )
+    ap.add_argument(
+        "--batch",
+        type=int,
+        nargs="+",
+        help="only time forward_round_batch at these batch sizes (e.g. 1 4 16 64)",
     )
     args = ap.parse_args(argv)
 
@@ -273,7 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = Checkpoint.open(ckpt).cfg
         with e.device, e.stream:
             lm_bits = synthetic_lm_head(cp, cfg.vocab_size or 151936, cfg.hidden)
-        for precision in args.precision:
+        for precision in args.precision if args.batch else []:
+            bench_batch(cp, e, ckpt, precision, args.ctx, args.batch, args.rounds, bw, rng)
+            cp.get_default_memory_pool().free_all_blocks()
+        for precision in [] if args.batch else args.precision:
             rows += bench_precision(
                 cp,
                 e,

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole GPU suite and the benchmarks, from the repository root on the device machine:
-#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|long]  (default: all)
+#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long]  (default: all)
 # tests:   the test suite, CPU and GPU (about 2 min on an H200)
 # scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
 #          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step)
 # checks:  load_check of every preset (bf16 and q8_0, ctx 4096), the soak, bench_round
 # kernels: bench_linear (decode linear vs its floor), bench_attention, bench_kernels
 # bench:   bench_round at ctx 4096 (qwen3-8b with --propose, gemma4-31b) and bench_kernels
+# batch:   bench_round --batch 1 .. 64 (qwen3-8b bf16, ctx 4096): batched rounds
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
 # Run the parts as separate device calls so each fits the 10-minute limit. Logs go to $OUT
 # (or ./gpu_logs); the summary lines print last.
@@ -55,6 +56,9 @@ if [ "$PART" = bench ]; then   # issue 10's tables at ctx 4096 and the per-kerne
   run bench_gemma python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 4096
   run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
 fi
+if [ "$PART" = batch ]; then   # issue 11's table: batched rounds, qwen3-8b bf16 at ctx 4096
+  run bench_batch python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 --ctx 4096 --batch 1 2 4 8 16 32 64 --rounds 50
+fi
 if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in rings)
   run bench_qwen_long python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
   run bench_gemma_long python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
@@ -66,5 +70,5 @@ for f in tests scale; do [ -f "$OUT/$f.log" ] && echo "$f: $(tail -n 1 "$OUT/$f.
 [ -f "$OUT/failed.log" ] && cat "$OUT/failed.log"
 grep -h -E "gpu vs ref|gpu timing|INVALID|Error" "$OUT"/load_check_*.log 2>/dev/null | cut -c1-220
 grep -h -E "^soak" "$OUT/soak.log" 2>/dev/null
-grep -h -E "forward_round|ingest|draft_tokens|propose|ordering" "$OUT"/bench_*.log 2>/dev/null
+grep -h -E "forward_round|ingest|draft_tokens|propose|ordering|^bf16 +[0-9]+ " "$OUT"/bench_*.log 2>/dev/null
 exit $status

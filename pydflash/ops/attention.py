@@ -13,6 +13,9 @@ import numpy as np
 
 from ..errors import GeometryError
 from ..kernels import Family
+from .seqs import Seqs
+from .seqs import count as seqs_count
+from .seqs import launch_args as seq_launch_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -37,7 +40,8 @@ def _sig(ctype: str) -> str:
         "const int* qpos, const int* kpos, int n_q, int n_keys, const int* n_keys_base, "
         "int n_splits, int n_head, int n_kv, int hd, int window, int causal_rows, "
         "int q_row0, float scale, int stages, int ring, int key_window, float* o_part, "
-        "float* ml_part"
+        "float* ml_part, const int* seq_slot, long long slot_kv, long long slot_kpos, "
+        "long long seq_q, long long seq_state, long long seq_part_rows"
     )
 
 
@@ -75,7 +79,8 @@ TC = {
 COMBINE = FAMILY.kernel(
     "attn_combine",
     "const float* o_part, const float* ml_part, float* out, "
-    "long long ldo, int n_q, int n_head, int hd, int n_splits",
+    "long long ldo, int n_q, int n_head, int hd, int n_splits, long long seq_part_rows, "
+    "long long seq_out",
 )
 COMBINE_ROWS = 4  # (head, query) rows per combine block: one warp each
 
@@ -128,7 +133,7 @@ def rows_per_launch(n_head: int, n_kv: int, hd: int, smem_limit: int) -> int:
 
 class Scratch:
     """Partial-result buffers of split-KV attention for up to n_q query rows a launch (capped
-    by rows_per_launch), sized once: no allocation per call."""
+    by rows_per_launch) of up to `seqs` sequences, sized once: no allocation per call."""
 
     def __init__(
         self,
@@ -138,11 +143,14 @@ class Scratch:
         n_q: int,
         head_dim: int,
         max_splits: int = MAX_SPLITS,
+        seqs: int = 1,
     ) -> None:
         self.n_q = max(1, min(n_q, rows_per_launch(n_head, n_kv, head_dim, rt.smem_per_block)))
-        self.max_splits = max_splits
-        self.o_part = rt.empty((max_splits, n_head, self.n_q, head_dim), np.float32)
-        self.ml_part = rt.empty((max_splits, n_head, self.n_q, 2), np.float32)
+        self.max_splits, self.seqs = max_splits, seqs
+        # a sequence's partials: seq_rows (split, head, query) rows
+        self.seq_rows = max_splits * n_head * self.n_q
+        self.o_part = rt.empty((seqs * max_splits, n_head, self.n_q, head_dim), np.float32)
+        self.ml_part = rt.empty((seqs * max_splits, n_head, self.n_q, 2), np.float32)
 
 
 def _splits(rt: Runtime, n_kv: int, smem: int, spec: Any, threads: int) -> int:
@@ -188,6 +196,7 @@ def attend(
     ring: int = 0,
     key_window: int = 0,
     splits: int | None = None,
+    seqs: Seqs | None = None,
 ) -> None:
     """Split-KV attention (partial + combine launches) in query chunks of at most scratch.n_q
     rows. Query at position p sees key j iff window == 0 or |p - pos_j| <= window - 1; with
@@ -198,7 +207,16 @@ def attend(
     k and v: float32, or uint16 bf16 bits (then the tensor cores below head_dim 256, `exact`
     or not). ring > 0: logical key j lives in row j % ring; key_window > 0: only the last
     key_window keys are read (a ring holds no more). splits: the split target (default: enough
-    blocks to fill the SMs, at most scratch.max_splits)."""
+    blocks to fill the SMs, at most scratch.max_splits). seqs: a batch of sequences (grid z;
+    pydflash.ops.seqs): q, q_pos, out and n_keys_base hold m rows / one round state a
+    sequence, k, v, k_pos are slot 0 of the pool; None = one sequence. The split plan depends
+    on the geometry and the device only, so a sequence's result equals its single run."""
+    n_seq = seqs_count(seqs)
+    if n_seq > scratch.seqs:
+        raise GeometryError(f"attention: {n_seq} sequences, scratch sized for {scratch.seqs}")
+    slot = seq_launch_args(seqs)
+    slot.pop("seq_state")
+    state = 0 if seqs is None else seqs.state
     kv = "bf16" if k.dtype == np.uint16 else "f32"
     path = "ffma" if hd not in TC_HEAD_DIMS or (exact and kv == "f32") else "tc"
     max_keys = max_keys or n_keys
@@ -218,7 +236,7 @@ def attend(
         grid_splits = max(1, min(target, -(-max_keys // tile)))
         rt.launch(
             spec,
-            (n_kv, grid_splits),
+            (n_kv, grid_splits, n_seq),
             threads,
             smem,
             q=q[r0:],
@@ -244,10 +262,14 @@ def attend(
             key_window=key_window,
             o_part=scratch.o_part,
             ml_part=scratch.ml_part,
+            seq_q=m * (q.strides[0] // 4),
+            seq_state=state,
+            seq_part_rows=scratch.seq_rows,
+            **slot,
         )
         rt.launch(
             COMBINE,
-            (-(-n_head * rows // COMBINE_ROWS),),
+            (-(-n_head * rows // COMBINE_ROWS), n_seq),
             32 * COMBINE_ROWS,
             o_part=scratch.o_part,
             ml_part=scratch.ml_part,
@@ -257,4 +279,6 @@ def attend(
             n_head=n_head,
             hd=hd,
             n_splits=grid_splits,
+            seq_part_rows=scratch.seq_rows,
+            seq_out=m * (out.strides[0] // 4),
         )

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..kernels import Family
+from .seqs import Seqs
+from .seqs import count as seqs_count
+from .seqs import launch_args as seq_launch_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -40,7 +43,9 @@ BLOCK_EMBED = {
     "f32": FAMILY.kernel("block_embed_f32", _BLOCK_EMBED_SIG.format(t="const float")),
 }
 SCATTER_BLOCK_POS = FAMILY.kernel(
-    "scatter_block_pos", "int* pos, const int* len, const int* block_pos, int b"
+    "scatter_block_pos",
+    "int* pos, const int* len, const int* block_pos, int b, const int* seq_slot, "
+    "long long slot_kpos, long long seq_state",
 )
 
 
@@ -92,9 +97,23 @@ def softcap(rt: Runtime, x: Any, n: int, cap: float) -> None:
         rt.launch(SOFTCAP, grid(rt, n), THREADS, x=x, n=n, cap=cap)
 
 
-def scatter_block_pos(rt: Runtime, pos: Any, length: Any, block_pos: Any, b: int) -> None:
-    """pos[*length + i] = block_pos[i] for the b block rows (*length read on the device)."""
-    rt.launch(SCATTER_BLOCK_POS, (1,), max(32, b), pos=pos, len=length, block_pos=block_pos, b=b)
+def scatter_block_pos(
+    rt: Runtime, pos: Any, length: Any, block_pos: Any, b: int, seqs: Seqs | None = None
+) -> None:
+    """pos[*length + i] = block_pos[i] for the b block rows (*length read on the device);
+    seqs: per sequence of a batch, into its slot's positions (pydflash.ops.seqs)."""
+    slot = seq_launch_args(seqs)
+    slot.pop("slot_kv")
+    rt.launch(
+        SCATTER_BLOCK_POS,
+        (1, seqs_count(seqs)),
+        max(32, b),
+        pos=pos,
+        len=length,
+        block_pos=block_pos,
+        b=b,
+        **slot,
+    )
 
 
 def block_embed(

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..kernels import Family
+from .seqs import Seqs
+from .seqs import count as seqs_count
+from .seqs import launch_args as seq_launch_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -24,7 +27,8 @@ def _sig(kv: str) -> str:
         f"const float* bias, float* q_out, {kv}* k_out, {kv}* v_out, const int* row_base, "
         "long long row0, int ring, long long keep_from, const float* q_norm, "
         "const float* k_norm, const int* pos, const float* inv_freq, float rope_factor, "
-        "int rows, int n_q, int n_kv, int hd, float eps"
+        "int rows, int n_q, int n_kv, int hd, float eps, const int* seq_slot, long long slot_kv, "
+        "long long seq_src, long long seq_q, long long seq_state"
     )
 
 
@@ -57,19 +61,24 @@ def qkv_norm_rope(
     row0: int = 0,
     ring: int = 0,
     keep_from: int = 0,
+    seqs: Seqs | None = None,
 ) -> None:
     """src rows laid out q | k | v heads (n_split partials split_stride apart) -> normed and
     rotated q heads in q_out [rows, n_q*hd]; k (normed, rotated) and v heads into the cache
     k_out/v_out (float32, or uint16 bf16 bits: rounded to nearest even): launch row r is the
     logical row row0 + *row_base + r (row_base a device int; None = 0), stored in row
     (logical % ring) when ring > 0, else in row logical; logical rows below keep_from are
-    skipped."""
+    skipped. seqs: a batch of sequences (grid y; pydflash.ops.seqs): src, q_out, pos and
+    row_base hold `rows` rows / one round state a sequence, k_out / v_out are slot 0 of the
+    pool; None = one sequence."""
     items = rows * (n_q + 2 * n_kv)
+    slot = seq_launch_args(seqs)
+    slot.pop("slot_kpos")
     bf16 = k_out is not None and k_out.dtype == np.uint16
     if items:
         rt.launch(
             QKV_NORM_ROPE_BF16 if bf16 else QKV_NORM_ROPE,
-            (-(-items // WARPS),),
+            (-(-items // WARPS), seqs_count(seqs)),
             32 * WARPS,
             src=src,
             ld_src=ld_src,
@@ -93,4 +102,7 @@ def qkv_norm_rope(
             n_kv=n_kv,
             hd=hd,
             eps=eps,
+            seq_src=rows * ld_src,
+            seq_q=rows * n_q * hd,
+            **slot,
         )

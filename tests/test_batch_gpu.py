@@ -1,0 +1,232 @@
+"""Batched drafting (pydflash.batch_api) against single-sequence rounds, bit for bit: ragged
+lens, sliding windows far past the window (rings), roll-backs, slots added and removed, graph
+buckets with padding, called from CuPy's default stream with fresh inputs freed after each
+call and results read with cp.asnumpy (skipped without a CUDA device)."""
+
+import numpy as np
+import pytest
+
+from pydflash.errors import CapacityError, DeviceError, ShapeError
+from tools.make_checkpoint import make_checkpoint
+
+cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batch")
+    return {
+        "tiny": make_checkpoint(root / "tiny", "tiny", seed=21),
+        "swa": make_checkpoint(root / "swa", "tiny-swa", seed=22),
+        "dspark": make_checkpoint(root / "dspark", "tiny-dspark", seed=23),
+    }
+
+
+class Seq:
+    """One sequence's host-side truth: its positions so far (strictly increasing, gaps)."""
+
+    def __init__(self, rng, start):
+        self.next = int(start)
+        self.rng = rng
+
+    def positions(self, t):
+        steps = self.rng.integers(1, 3, t)
+        p = self.next + np.cumsum(steps) - steps[0]
+        self.next = int(p[-1]) + 1 if t else self.next
+        return p.astype(np.int32)
+
+
+def _pair(engine, d, cap, n):
+    """A pool of n + 2 slots (two never used by the batch) and n single DflashKv."""
+    pool = d.new_batch_kv(engine, n + 2, cap)
+    slots = [pool.add() for _ in range(n + 2)]
+    singles = [d.new_kv(engine, cap) for _ in range(n)]
+    return pool, slots, singles
+
+
+def _ingest_both(e, d, pool, slots, singles, seqs, lens, rng):
+    c = d.cfg
+    feats = [rng.standard_normal((t, c.hidden)).astype(np.float32) for t in lens]
+    pos = [s.positions(t) for s, t in zip(seqs, lens)]
+    d.ingest_batch(
+        e, pool, slots, cp.asarray(np.concatenate(feats)), np.concatenate(pos), list(lens)
+    )
+    for kv, f, p, t in zip(singles, feats, pos, lens):
+        if t:
+            d.ingest_ctx(e, kv, cp.asarray(f), p, t)
+
+
+def _round_both(e, d, pool, slots, singles, seqs, rng):
+    c, n = d.cfg, len(slots)
+    noise = (rng.standard_normal((n, c.block_size, c.hidden)) * 0.5).astype(np.float32)
+    blocks = np.stack([s.next + np.arange(c.block_size) for s in seqs]).astype(np.int32)
+    got = cp.asnumpy(d.forward_round_batch(e, pool, slots, cp.asarray(noise), blocks))
+    want = np.stack(
+        [
+            cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise[i]), blocks[i]))
+            for i, kv in enumerate(singles)
+        ]
+    )
+    return got, want
+
+
+@pytest.mark.parametrize("precision", ["bf16", "q4_0", "f32"])
+@pytest.mark.parametrize("name", ["tiny", "swa", "dspark"])
+def test_batched_rounds_equal_single_rounds_bit_for_bit(engine, ckpts, rng, name, precision):
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, ckpts[name], precision)
+    n, cap = 5, 300
+    pool, all_slots, singles = _pair(e, d, cap, n)
+    slots = all_slots[1 : n + 1]  # slot 0 and the last stay out of the batch
+    seqs = [Seq(rng, rng.integers(0, 50)) for _ in range(n)]
+    # ragged: an empty sequence, one row, a window's worth, far past the window (swa: W = 8)
+    lens = [0, 1, 9, 150, 37]
+    _ingest_both(e, d, pool, slots, singles, seqs, lens, rng)
+    outside = [cp.asnumpy(a[: pool.layer_rows[i]]) for i, a in enumerate(pool.k)]
+    for step in range(4):  # the first round captures the bucket's graph, later ones replay
+        got, want = _round_both(e, d, pool, slots, singles, seqs, rng)
+        np.testing.assert_array_equal(got, want, err_msg=f"round {step}")
+        assert np.isfinite(got).all()
+        # accept a few rows per sequence, roll some back
+        c = d.cfg
+        counts = [int(rng.integers(0, c.block_size)) for _ in range(n)]
+        # roll sequences 1 and 3 back by up to 3 rows (never under the rings' floor)
+        back = [
+            max(kv.rollback_floor, kv.len - 3) if i in (1, 3) else None
+            for i, kv in enumerate(singles)
+        ]
+        taps = [rng.standard_normal((t, c.n_taps * c.hidden)).astype(np.float32) for t in counts]
+        pos = [s.positions(t) for s, t in zip(seqs, counts)]
+        d.commit_batch(
+            e,
+            pool,
+            slots,
+            cp.asarray(np.concatenate(taps)),
+            np.concatenate(pos),
+            counts,
+            rollback_to=back,
+        )
+        for i, kv in enumerate(singles):
+            d.commit(e, kv, cp.asarray(taps[i]), pos[i], counts[i], rollback_to=back[i])
+        assert [pool.slot(s).len for s in slots] == [kv.len for kv in singles]
+    # slots outside the batch were never written
+    for i, a in enumerate(pool.k):
+        np.testing.assert_array_equal(cp.asnumpy(a[: pool.layer_rows[i]]), outside[i])
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 9])
+def test_bucket_sizes_and_a_slot_reused_after_remove(engine, ckpts, rng, n):
+    """B = 1 (the single path's bucket), 3 (padded to 4), 8 (full), 9 (padded to 16); a
+    removed slot comes back empty and drafts like a new sequence."""
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["swa"], "bf16")
+    cap = 64
+    pool, slots, singles = _pair(e, d, cap, n)
+    slots = slots[:n]
+    seqs = [Seq(rng, 0) for _ in range(n)]
+    lens = [int(t) for t in rng.integers(0, 40, n)]
+    _ingest_both(e, d, pool, slots, singles, seqs, lens, rng)
+    got, want = _round_both(e, d, pool, slots, singles, seqs, rng)
+    np.testing.assert_array_equal(got, want)
+    pool.remove(slots[0])
+    assert pool.add() == slots[0] and pool.slot(slots[0]).len == 0
+    singles[0] = d.new_kv(e, cap)
+    seqs[0] = Seq(rng, 5)
+    _ingest_both(e, d, pool, slots[:1], singles[:1], seqs[:1], [12], rng)
+    got, want = _round_both(e, d, pool, slots, singles, seqs, rng)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_draft_batch_equals_single_drafts(engine, ckpts, rng, temperature):
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["dspark"], "bf16")  # a Markov head: the chained step
+    c, n = d.cfg, 3
+    hidden = (rng.standard_normal((n, c.block_size, c.hidden))).astype(np.float32)
+    lasts = rng.integers(0, d.lm_head.out_features, n).astype(np.int32)
+    d.set_rng(e, 1234, 77)
+    got = d.draft_batch(e, cp.asarray(hidden), None, lasts, temperature=temperature)
+    for i in range(n):
+        d.set_rng(e, 1234, 77 + i)
+        want = d.draft(e, cp.asarray(hidden[i]), None, int(lasts[i]), temperature=temperature)
+        np.testing.assert_array_equal(cp.asnumpy(got[i].tokens), cp.asnumpy(want.tokens))
+        np.testing.assert_array_equal(cp.asnumpy(got[i].q), cp.asnumpy(want.q))
+
+
+def test_bad_batches_are_refused_before_anything_changes(engine, ckpts, rng):
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["swa"], "bf16")
+    c = d.cfg
+    pool, slots, singles = _pair(e, d, 64, 2)
+    slots = slots[:2]
+    seqs = [Seq(rng, 0), Seq(rng, 0)]
+    _ingest_both(e, d, pool, slots, singles, seqs, [10, 20], rng)
+    k_before = [cp.asnumpy(a) for a in pool.k]
+    lens = [pool.slot(s).len for s in slots]
+    noise = cp.asarray(rng.standard_normal((2, c.block_size, c.hidden)).astype(np.float32))
+    ok_blocks = np.stack([s.next + np.arange(c.block_size) for s in seqs]).astype(np.int32)
+    bad = [
+        (ShapeError, dict(slots=[slots[0], slots[0]])),  # a slot twice
+        (ShapeError, dict(slots=[slots[0], pool.slots + 3])),  # not a slot
+        (ShapeError, dict(noise=noise[:1])),  # one block for two sequences
+        (ShapeError, dict(blocks=ok_blocks[:, :-1])),  # a position short
+        (ShapeError, dict(blocks=ok_blocks - 5)),  # before the last committed row (rings)
+        (CapacityError, dict(slots=[])),
+    ]
+    for exc, kw in bad:
+        with pytest.raises(exc):
+            d.forward_round_batch(
+                e, pool, kw.get("slots", slots), kw.get("noise", noise), kw.get("blocks", ok_blocks)
+            )
+    with pytest.raises(CapacityError):  # room: 60 more rows into a cap of 64 at len 20
+        d.ingest_batch(
+            e, pool, slots, cp.zeros((70, c.hidden), np.float32), np.arange(100, 170), [10, 60]
+        )
+    with pytest.raises(ShapeError):  # positions of slot 1 not increasing
+        d.ingest_batch(
+            e, pool, slots, cp.zeros((4, c.hidden), np.float32), [100, 101, 5, 4], [2, 2]
+        )
+    assert [pool.slot(s).len for s in slots] == lens
+    for a, before in zip(pool.k, k_before):
+        np.testing.assert_array_equal(cp.asnumpy(a), before)
+    got, want = _round_both(e, d, pool, slots, singles, seqs, rng)  # still exact after
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_pool_that_does_not_fit_is_refused(engine, ckpts):
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["tiny"], "bf16")
+    free = e.free_bytes()
+    with pytest.raises(DeviceError, match="DflashBatchKv"):
+        d.new_batch_kv(e, 64, int(free // (64 * 2 * d.cfg.kv_dim)))
+    with pytest.raises(CapacityError):
+        d.new_batch_kv(e, 0, 10)
+
+
+@pytest.mark.scale
+@pytest.mark.parametrize("preset", ["qwen3-8b-b16", "gemma4-31b", "gpt-oss-20b-b8"])
+def test_batched_rounds_at_public_geometries(engine, preset_checkpoint, rng, preset):
+    """Every public geometry, ragged ctx in the thousands (gemma: past its 2048 window)."""
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, preset_checkpoint(preset), "bf16")
+    n, cap = 3, 4608
+    pool, slots, singles = _pair(e, d, cap, n)
+    slots = slots[:n]
+    seqs = [Seq(rng, rng.integers(0, 1000)) for _ in range(n)]
+    _ingest_both(e, d, pool, slots, singles, seqs, [4096, 333, 2600], rng)
+    for _ in range(2):
+        got, want = _round_both(e, d, pool, slots, singles, seqs, rng)
+        np.testing.assert_array_equal(got, want)
+        assert np.isfinite(got).all()
