@@ -765,9 +765,10 @@ ATT_TC_ENTRIES(128)
 extern "C" __global__ void __launch_bounds__(128)
     attn_combine(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                  float* __restrict__ out, long long ldo, int n_q, int n_head, int hd,
-                 int n_splits, long long seq_part_rows, long long seq_out) {
-    // grid y = the batch's sequences (ATT_SEQ_PARAMS): sequence y's partials and output rows
-    // (a padding sequence's are never read)
+                 int n_splits, long long seq_part_rows, long long seq_out, const int* seq_slot) {
+    // grid y = the batch's sequences (ATT_SEQ_PARAMS): sequence y's partials and output rows;
+    // a padding sequence (slot -1) wrote no partials and is skipped
+    if (seq_slot != nullptr && seq_slot[blockIdx.y] < 0) return;
     o_part += blockIdx.y * seq_part_rows * hd;
     ml_part += blockIdx.y * seq_part_rows * 2;
     out += blockIdx.y * seq_out;

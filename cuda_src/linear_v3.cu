@@ -32,8 +32,8 @@
 //              pieces are placed k 0-3, 16-19, 4-7, 20-23, ... so every format reads its 8 values
 //              at float 8t of the token row (q4_0 lane t: k 4t.. and 16 + 4t..).
 // Tokens >= M are zero-filled once and never copied; rows >= N are not copied (their outputs
-// are never stored, silu_mul's up half taken as zero, and an MMA row depends on its own A row
-// only). The first S - 1 stages'
+// are never stored, and an MMA row depends on its own A row only; silu_mul's N is a multiple of
+// 16, whole gate/up tiles, checked by the launcher). The first S - 1 stages'
 // weights and scales are issued before pdl_wait() (weights never depend on the previous
 // kernel), their activations after it. Step i waits for its stage (cp.async.wait_group S - 2),
 // __syncwarp()s, refills the stage step i - 1 used with step i + S - 1, then computes: each
@@ -445,10 +445,7 @@ __device__ __forceinline__ void linear3(const unsigned char* __restrict__ W,
                     if (tok >= M) continue;
                     const float v0 = acc[mt][nt][j], v1 = acc[mt][nt][j + 2];
                     if constexpr (EPI == EPI_SILU_MUL) {
-                        // an up row past N was never copied (its ring slot holds stale
-                        // bytes): it counts as zero, as linear.cu's guarded loads make it
-                        const float up = r + 8 < N ? v1 : 0.f;
-                        if (r < N) Y[tok * ldy + (row0 + mt * 16) / 2 + g] = silu(v0) * up;
+                        if (r < N) Y[tok * ldy + (row0 + mt * 16) / 2 + g] = silu(v0) * v1;
                     } else {
                         if (r < N) epilogue_store<EPI>(Y, ldy, R, ldr, r, tok, v0);
                         if (r + 8 < N) epilogue_store<EPI>(Y, ldy, R, ldr, r + 8, tok, v1);

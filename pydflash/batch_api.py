@@ -18,8 +18,8 @@
   synchronisation and the host only stages one small copy.
 - `draft_batch(e, hidden, lm_head, lasts, ...) -> list[Proposal]`: the draft step of each
   sequence (`draft` per sequence: tokens, q, probs, confidence). Sampling draws sequence i at
-  the drafter's Philox offset + i (each call advances the offset by one), so sequence i equals
-  a single `draft` after `set_rng(seed, offset + i)`.
+  the drafter's Philox offset + i and a sampled batch advances the offset by B (a greedy one
+  leaves it), so sequence i equals a single `draft` after `set_rng(seed, offset + i)`.
 
 Everything is validated before anything changes; a batch whose buffers do not fit the device
 is refused (DeviceError) before any state is written.
@@ -38,6 +38,7 @@ from . import checks
 from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
 from .draft_step import Proposal, check_flag, check_last, check_options
 from .errors import CapacityError, ShapeError
+from .ops import gemm
 from .ops.seqs import Seqs
 from .round_api import DraftApi
 from .round_buffers import RoundBuffers
@@ -96,6 +97,7 @@ class BatchApi(DraftApi):
     API below them."""
 
     layers: list[DflashLayer]
+    fc: Any
     _batch_rounds: weakref.WeakKeyDictionary[DflashBatchKv, _PoolRounds]
 
     def new_batch_kv(
@@ -120,13 +122,17 @@ class BatchApi(DraftApi):
     def _check_ragged(
         self, e: Engine, pool: DflashBatchKv, slots: Any, pos: Any, counts: Any, base: Any = None
     ) -> tuple[list[int], list[int], list[Any]]:
-        """slots, counts (one per slot, >= 0) and each sequence's positions (host ints: one
-        flat sequence of sum(counts), or one sequence per slot), checked against each slot's
-        room and rings at `base` (default its len)."""
+        """slots, counts (one per slot, >= 0) and each sequence's positions (host ints, one
+        flat sequence of sum(counts) in slot order), checked against each slot's room and
+        rings at `base` (default its len)."""
         ids = pool.check_slots(slots)
         if checks.is_device_array(counts) or isinstance(counts, (str, bytes)):
             raise ShapeError("counts: expected host integers, one per slot")
-        cnt = [checks.count(t, f"counts[{i}]") for i, t in enumerate(list(counts))]
+        try:
+            items = list(counts)
+        except TypeError:
+            raise ShapeError(f"counts: expected one integer per slot, found {counts!r}") from None
+        cnt = [checks.count(t, f"counts[{i}]") for i, t in enumerate(items)]
         if len(cnt) != len(ids):
             raise ShapeError(f"counts: {len(cnt)} counts for {len(ids)} slots")
         if checks.is_device_array(pos):
@@ -213,18 +219,29 @@ class BatchApi(DraftApi):
             ids, cnt, per = self._check_ragged(e, pool, ids, pos, counts, back)
             c = self.cfg
             total = sum(cnt)
-            checks.f32_rows(e, taps, "taps", total, c.n_taps * c.hidden)
+            x = checks.f32_rows(e, taps, "taps", total, c.n_taps * c.hidden)
+            # The features as each sequence's own commit computes them: when every sequence
+            # takes the decode linear (fewer than gemm.MIN_ROWS rows), one pass over all rows
+            # on that path (its rows do not depend on the row count), else a pass per sequence.
+            # They come before the roll-backs: they allocate, a failure changes nothing.
+            feats: list[Any] = []
+            if total and not any(gemm.use_gemm(e, self.fc, t) for t in cnt):
+                every = self.ctx_features(e, x, total, big=False)
+                at = 0
+                for t in cnt:
+                    feats.append(every[at : at + t])
+                    at += t
+            else:
+                at = 0
+                for t in cnt:
+                    feats.append(self.ctx_features(e, x[at : at + t], t) if t else None)
+                    at += t
             for s, r in zip(ids, back):  # validated: from here on state changes
                 if r is not None:
                     pool.slot(s).len = r
-            if not total:
-                return
-            feats = self.ctx_features(e, taps, total)  # one pass over every sequence's rows
-            at = 0
-            for s, t, p in zip(ids, cnt, per):
+            for s, t, p, f in zip(ids, cnt, per, feats):
                 if t:
-                    self.ingest_ctx(e, pool.slot(s), feats[at : at + t], p, t)
-                at += t
+                    self.ingest_ctx(e, pool.slot(s), f, p, t)
 
     # -- one batched round ---------------------------------------------------------------------
     def forward_round_batch(
@@ -246,8 +263,8 @@ class BatchApi(DraftApi):
             pool = self._check_pool(e, pool)
             ids = pool.check_slots(slots)
             c, b, n = self.cfg, self.cfg.block_size, len(ids)
-            noise = checks.f32_rows(e, _rows(noise_emb), "noise_emb", n * b, c.hidden)
-            res = checks.out_rows(e, None if out is None else _rows(out), "out", n * b, c.hidden)
+            noise = checks.f32_rows(e, noise_emb, "noise_emb", n * b, c.hidden)
+            res = checks.out_rows(e, out, "out", n * b, c.hidden)  # a view of the caller's
             if checks.is_device_array(pos_blocks):
                 raise ShapeError("pos_blocks: expected host positions [B, b]")
             p = checks.host_int32(pos_blocks, "pos_blocks")
@@ -313,16 +330,18 @@ class BatchApi(DraftApi):
         with e.ordered():
             self._check(e)
             c = self.cfg
-            rows = _rows(hidden)
-            if not checks.is_device_array(rows) or rows.ndim != 2 or rows.shape[0] % c.block_size:
+            shape = getattr(hidden, "shape", None)
+            per_seq = c.block_size * c.hidden
+            size = int(np.prod(shape)) if checks.is_device_array(hidden) and shape else 0
+            if not size or size % per_seq:
                 raise ShapeError(
                     f"hidden: expected a device array [B, {c.block_size}, {c.hidden}], found "
-                    f"{getattr(hidden, 'shape', type(hidden).__name__)}"
+                    f"{shape if shape is not None else type(hidden).__name__}"
                 )
-            n = rows.shape[0] // c.block_size
+            n = size // per_seq
             if not 1 <= n <= MAX_BATCH:
                 raise CapacityError(f"hidden: {n} sequences; a batch takes 1 to {MAX_BATCH}")
-            checks.f32_rows(e, rows, "hidden", n * c.block_size, c.hidden)
+            rows = checks.f32_rows(e, hidden, "hidden", n * c.block_size, c.hidden)
             lm = self._draft_lm_head(e, lm_head)
             check_options(temperature, logit_softcap)
             check_flag(want_probs, "want_probs")
@@ -336,23 +355,22 @@ class BatchApi(DraftApi):
                 items = [int(t) for t in host]
                 for t in items:  # every check before the first step runs
                     check_last(e, t, lm.out_features)
-            b = c.block_size
-            return [
-                self.draft(
-                    e,
-                    rows[i * b : (i + 1) * b],
-                    lm,
-                    items[i],
-                    temperature=temperature,
-                    logit_softcap=logit_softcap,
-                    want_probs=want_probs,
-                )
-                for i in range(n)
-            ]
-
-
-def _rows(a: Any) -> Any:
-    """[B, b, hidden] as [B*b, hidden] (a view); other shapes pass through to the checks."""
-    if checks.is_device_array(a) and a.ndim == 3:
-        return a.reshape(a.shape[0] * a.shape[1], a.shape[2])
-    return a
+            b, want = c.block_size, bool(want_probs)
+            # every allocation before the first step (a failure must not leave the offset
+            # advanced for some sequences): the workspace, and room for the n results
+            self._step.workspace(e, lm.out_features, want)
+            nd = len(c.draft_rows())
+            result_bytes = n * 4 * ((4 * nd + 1) + (nd * lm.out_features if want else 0))
+            with e.allocating(result_bytes, f"draft_batch results of {n} sequences"):
+                return [
+                    self.draft(
+                        e,
+                        rows[i * b : (i + 1) * b],
+                        lm,
+                        items[i],
+                        temperature=temperature,
+                        logit_softcap=logit_softcap,
+                        want_probs=want_probs,
+                    )
+                    for i in range(n)
+                ]

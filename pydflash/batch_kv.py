@@ -112,8 +112,10 @@ class DflashBatchKv:
         raise CapacityError(f"add: all {self.slots} slots of the pool are in use")
 
     def remove(self, slot: int) -> None:
-        """Free an active slot (its rows are dropped; no other slot changes)."""
-        self.slot(slot, "slot")
+        """Free an active slot (its rows are dropped; no other slot changes). Its DflashKv is
+        retired: a caller still holding it gets a ShapeError from every drafter call, never a
+        write into the sequence that claims the slot next."""
+        self.slot(slot, "slot").retired = True
         self._views[slot] = None
 
     def active(self) -> list[int]:

@@ -213,6 +213,25 @@ def kv_len(value: Any, current: int) -> int:
     return int(value)
 
 
+def same_engine(e: Any, device: int, stream_ptr: int) -> None:
+    """The engine a drafter was loaded with (its buffers are ordered on that stream)."""
+    if e.ordinal != device or e.stream.ptr != stream_ptr:
+        raise ShapeError(
+            "e: not the engine (device and stream) this drafter was loaded "
+            "with; its buffers are ordered on that engine's stream"
+        )
+
+
+def kv_usable(kv: Any, cfg: DflashCfg, device: int, stream_ptr: int) -> None:
+    """A DflashKv a drafter may use: live (not a removed pool slot), built for its geometry,
+    made on its engine."""
+    if kv.retired:
+        raise ShapeError("kv: a slot removed from its DflashBatchKv (add() a new one)")
+    kv_matches(kv.cfg, cfg)
+    if kv.device != device or kv.stream_ptr != stream_ptr:
+        raise ShapeError("kv: made by another engine (device or stream) than this drafter's")
+
+
 def kv_matches(kv_cfg: DflashCfg, cfg: DflashCfg) -> None:
     """A KV cache used with a drafter must have been built for its layers, kv dims, block and
     per-layer sliding windows (a sliding layer's ring and key window are sized from them)."""

@@ -112,21 +112,15 @@ class DflashDraft(BatchApi):
         return host_weights(self.cfg, *parts)
 
     def _check(self, e: Engine, kv: DflashKv | None = None) -> None:
-        if e.ordinal != self.device or e.stream.ptr != self.stream_ptr:
-            raise ShapeError(
-                "e: not the engine (device and stream) this drafter was loaded "
-                "with; its buffers are ordered on that engine's stream"
-            )
+        checks.same_engine(e, self.device, self.stream_ptr)
         if kv is not None:
-            checks.kv_matches(kv.cfg, self.cfg)
-            if kv.device != self.device or kv.stream_ptr != self.stream_ptr:
-                raise ShapeError(
-                    "kv: made by another engine (device or stream) than this drafter's"
-                )
+            checks.kv_usable(kv, self.cfg, self.device, self.stream_ptr)
 
     # -- the data flow -----------------------------------------------------------------------
-    def ctx_features(self, e: Engine, taps: Any, t: int) -> Any:
-        """hidden_norm(fc(taps)): taps [t, n_taps*hidden] -> new [t, hidden]."""
+    def ctx_features(self, e: Engine, taps: Any, t: int, *, big: bool | None = None) -> Any:
+        """hidden_norm(fc(taps)): taps [t, n_taps*hidden] -> new [t, hidden]. big: the tiled
+        GEMM (True) or the decode linear, whose rows do not depend on t (False); None: the
+        GEMM from gemm.MIN_ROWS rows."""
         checks.require_runtime(e)
         with e.ordered():
             self._check(e)
@@ -134,7 +128,8 @@ class DflashDraft(BatchApi):
             x = checks.f32_rows(e, taps, "taps", checks.count(t, "t"), c.n_taps * c.hidden)
             out = e.empty((t, c.hidden))
             if t:
-                big = gemm.use_gemm(e, self.fc, t)  # many rows: the tiled GEMM, one partial
+                if big is None:  # many rows: the tiled GEMM, one partial
+                    big = gemm.use_gemm(e, self.fc, t)
                 ks = 1 if big else linear.k_splits(e, self.fc)
                 part = e.empty((ks, t, c.hidden))
                 gemm.project_rows(e, self.fc, x, t, part, big, ks, t * c.hidden)
@@ -285,10 +280,9 @@ class DflashDraft(BatchApi):
         return out
 
     def _round_kernels(self, e: Engine, kv: Any, batch: BatchRound | None = None) -> None:
-        """Every launch of a round, over one DflashKv or (batch) a bucket of sequences of a
-        DflashBatchKv: the same launches with the sequences as one more grid dimension and
-        their blocks stacked as rows (pydflash.batch_api). Nothing here depends on a len on
-        the host."""
+        """Every launch of a round over one DflashKv, or a bucket of sequences of a DflashBatchKv
+        (one more grid dimension, blocks stacked as rows; pydflash.batch_api). Nothing here
+        depends on a len on the host."""
         c, b, h = self.cfg, self.cfg.block_size, self.cfg.hidden
         seqs: Callable[[int], Seqs | None] = lambda li: None  # one sequence: no grid dim
         if batch is None:

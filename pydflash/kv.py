@@ -225,6 +225,8 @@ class CommittedRows:
 
 
 class DflashKv(CommittedRows):
+    retired = False  # a DflashBatchKv slot that was removed (pydflash.batch_kv)
+
     def __init__(
         self, e: Engine, cfg: DflashCfg, cap: int, dtype: str = "bf16", *, rings: bool = True
     ) -> None:

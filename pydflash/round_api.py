@@ -72,7 +72,7 @@ class DraftApi:
 
         def _check(self, e: Engine, kv: DflashKv | None = None) -> None: ...
         def _round_kernels(self, e: Engine, kv: Any, batch: Any = None) -> None: ...
-        def ctx_features(self, e: Engine, taps: Any, t: int) -> Any: ...
+        def ctx_features(self, e: Engine, taps: Any, t: int, *, big: bool | None = None) -> Any: ...
         def ingest_ctx(self, e: Engine, kv: DflashKv, feats: Any, pos_new: Any, t: int) -> None: ...
 
     @property
@@ -309,10 +309,12 @@ class DraftApi:
             kv.check_positions_arg(e, positions, t, "positions", base)  # the rings' order
             if base + t > kv.cap:
                 raise CapacityError(f"commit: {t} rows at len {base} exceed cap {kv.cap}")
+            # the features first: they allocate (a failure leaves len where it was)
+            feats = self.ctx_features(e, taps, t) if t else None
             if rollback_to is not None:
                 kv.len = base
             if t:
-                self.ingest_ctx(e, kv, self.ctx_features(e, taps, t), positions, t)
+                self.ingest_ctx(e, kv, feats, positions, t)
 
 
 def _finite(value: Any, name: str) -> float:

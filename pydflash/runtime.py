@@ -67,6 +67,7 @@ def ordered(method: F) -> F:
 
 class Runtime:
     _modules: dict[tuple[int, str, tuple[str, ...]], Any] = {}  # compiled once per process
+    _smem_set: dict[int, int] = {}  # CUfunction handle -> dynamic shared memory opted in
 
     def __init__(self, ordinal: int = 0, stream: Any = None) -> None:
         if cp is None:
@@ -109,7 +110,6 @@ class Runtime:
         self._pdl = PdlLauncher(int(props["major"]))
         # programmatic dependent launch for the kernels that support it (Runtime.launch)
         self.use_pdl = True
-        self._smem_set: dict[kernels.KernelSpec, int] = {}
 
     # -- stream ordering ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -180,9 +180,13 @@ class Runtime:
         per kernel. pdl=True (only for kernels that call pdl_wait() before reading earlier
         kernels' results) lets it start while the previous kernel finishes, on sm_90+."""
         fn = self.function(spec)
-        if smem > 48 * 1024 and self._smem_set.get(spec, 0) < smem:
+        # the opt-in is a property of the CUfunction, which every Runtime of this device and
+        # module shares: raised only, and tracked per function (a per-Runtime record let one
+        # Runtime lower it under another's launch: CUDA_ERROR_INVALID_VALUE)
+        handle = int(fn.kernel.ptr)
+        if smem > 48 * 1024 and Runtime._smem_set.get(handle, 0) < smem:
             fn.max_dynamic_shared_size_bytes = smem
-            self._smem_set[spec] = smem
+            Runtime._smem_set[handle] = smem
         values = spec.args(args)
         if pdl and self.use_pdl and self._pdl.available:
             stream = cp.cuda.get_current_stream().ptr

@@ -30,6 +30,8 @@ class Seq:
         self.rng = rng
 
     def positions(self, t):
+        if t == 0:
+            return np.zeros(0, np.int32)
         steps = self.rng.integers(1, 3, t)
         p = self.next + np.cumsum(steps) - steps[0]
         self.next = int(p[-1]) + 1 if t else self.next
@@ -94,7 +96,7 @@ def test_batched_rounds_equal_single_rounds_bit_for_bit(engine, ckpts, rng, name
         counts = [int(rng.integers(0, c.block_size)) for _ in range(n)]
         # roll sequences 1 and 3 back by up to 3 rows (never under the rings' floor)
         back = [
-            max(kv.rollback_floor, kv.len - 3) if i in (1, 3) else None
+            max(0, kv.rollback_floor, kv.len - 3) if i in (1, 3) else None
             for i, kv in enumerate(singles)
         ]
         taps = [rng.standard_normal((t, c.n_taps * c.hidden)).astype(np.float32) for t in counts]
@@ -116,10 +118,11 @@ def test_batched_rounds_equal_single_rounds_bit_for_bit(engine, ckpts, rng, name
         np.testing.assert_array_equal(cp.asnumpy(a[: pool.layer_rows[i]]), outside[i])
 
 
-@pytest.mark.parametrize("n", [1, 3, 8, 9])
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 9, 17, 33])
 def test_bucket_sizes_and_a_slot_reused_after_remove(engine, ckpts, rng, n):
-    """B = 1 (the single path's bucket), 3 (padded to 4), 8 (full), 9 (padded to 16); a
-    removed slot comes back empty and drafts like a new sequence."""
+    """Every graph bucket: B = 1, 2, 3 (padded to 4), 8, 9 (to 16), 17 (to 32), 33 (to 64);
+    a removed slot comes back empty and drafts like a new sequence, and its old DflashKv is
+    refused."""
     from pydflash import DflashDraft
 
     e = engine
@@ -132,8 +135,11 @@ def test_bucket_sizes_and_a_slot_reused_after_remove(engine, ckpts, rng, n):
     _ingest_both(e, d, pool, slots, singles, seqs, lens, rng)
     got, want = _round_both(e, d, pool, slots, singles, seqs, rng)
     np.testing.assert_array_equal(got, want)
+    old = pool.slot(slots[0])
     pool.remove(slots[0])
     assert pool.add() == slots[0] and pool.slot(slots[0]).len == 0
+    with pytest.raises(ShapeError, match="removed"):
+        d.forward_round(e, old, cp.zeros((d.cfg.block_size, d.cfg.hidden), np.float32), [0] * 8)
     singles[0] = d.new_kv(e, cap)
     seqs[0] = Seq(rng, 5)
     _ingest_both(e, d, pool, slots[:1], singles[:1], seqs[:1], [12], rng)
@@ -152,6 +158,7 @@ def test_draft_batch_equals_single_drafts(engine, ckpts, rng, temperature):
     lasts = rng.integers(0, d.lm_head.out_features, n).astype(np.int32)
     d.set_rng(e, 1234, 77)
     got = d.draft_batch(e, cp.asarray(hidden), None, lasts, temperature=temperature)
+    assert d.rng_state(e) == (1234, 77 + (n if temperature > 0 else 0))
     for i in range(n):
         d.set_rng(e, 1234, 77 + i)
         want = d.draft(e, cp.asarray(hidden[i]), None, int(lasts[i]), temperature=temperature)
@@ -170,7 +177,9 @@ def test_bad_batches_are_refused_before_anything_changes(engine, ckpts, rng):
     seqs = [Seq(rng, 0), Seq(rng, 0)]
     _ingest_both(e, d, pool, slots, singles, seqs, [10, 20], rng)
     k_before = [cp.asnumpy(a) for a in pool.k]
+    pos_before = cp.asnumpy(pool.pos)
     lens = [pool.slot(s).len for s in slots]
+    floors = [pool.slot(s).rollback_floor for s in slots]
     noise = cp.asarray(rng.standard_normal((2, c.block_size, c.hidden)).astype(np.float32))
     ok_blocks = np.stack([s.next + np.arange(c.block_size) for s in seqs]).astype(np.int32)
     bad = [
@@ -194,7 +203,16 @@ def test_bad_batches_are_refused_before_anything_changes(engine, ckpts, rng):
         d.ingest_batch(
             e, pool, slots, cp.zeros((4, c.hidden), np.float32), [100, 101, 5, 4], [2, 2]
         )
+    taps = cp.zeros((3, c.n_taps * c.hidden), np.float32)
+    with pytest.raises(CapacityError):  # a roll-back past len
+        d.commit_batch(e, pool, slots, taps, [200, 201, 202], [1, 2], rollback_to=[None, 99])
+    with pytest.raises(ShapeError):  # taps for 3 rows, counts for 4
+        d.commit_batch(e, pool, slots, taps, [200, 201, 202, 203], [2, 2], rollback_to=[5, 5])
+    with pytest.raises(ShapeError):  # lasts: one token for two sequences
+        d.draft_batch(e, noise, None, [1])
     assert [pool.slot(s).len for s in slots] == lens
+    assert [pool.slot(s).rollback_floor for s in slots] == floors
+    np.testing.assert_array_equal(cp.asnumpy(pool.pos), pos_before)
     for a, before in zip(pool.k, k_before):
         np.testing.assert_array_equal(cp.asnumpy(a), before)
     got, want = _round_both(e, d, pool, slots, singles, seqs, rng)  # still exact after

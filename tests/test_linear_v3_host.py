@@ -114,6 +114,30 @@ def test_project_launches_cast_through_the_spec(fmt, m, epi):
     assert args["ldx"] == k and args["ldy"] == cols and args["split_stride"] == m * cols
 
 
+@pytest.mark.parametrize("kernel", ["v2", "v3"])
+@pytest.mark.parametrize("n", [1000, 1016, 8])
+def test_silu_mul_needs_whole_gate_up_tiles(kernel, n):
+    """A gate/up weight of N % 16 rows would pair its last gate rows with up rows past the
+    weight and store past a row's N/2 columns: refused before any launch."""
+    rt = Recorder(**H200)
+    w = weight("bf16", n, 256)
+    with pytest.raises(ShapeError, match="multiple of 16"):
+        linear.project(
+            rt, w, FakeArray((4, 256)), 4, FakeArray((4, n // 2)), "silu_mul", kernel=kernel
+        )
+    assert not rt.launches
+    linear.project(
+        rt,
+        weight("bf16", 1008, 256),
+        FakeArray((4, 256)),
+        4,
+        FakeArray((4, 504)),
+        "silu_mul",
+        kernel=kernel,
+    )
+    assert len(rt.launches) == 1
+
+
 def test_project_sample_and_f32_dispatch():
     rt = Recorder(**H200)
     n, k, m = 151936, 4096, 16

@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                         n_splits=splits,
                         seq_part_rows=0,
                         seq_out=0,
+                        seq_slot=None,
                     )
                 )
                 print(f"{name:10s} ctx {ctx:6d} combine alone, {splits} splits: {ms * 1e3:.1f} us")

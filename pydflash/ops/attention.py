@@ -80,7 +80,7 @@ COMBINE = FAMILY.kernel(
     "attn_combine",
     "const float* o_part, const float* ml_part, float* out, "
     "long long ldo, int n_q, int n_head, int hd, int n_splits, long long seq_part_rows, "
-    "long long seq_out",
+    "long long seq_out, const int* seq_slot",
 )
 COMBINE_ROWS = 4  # (head, query) rows per combine block: one warp each
 
@@ -281,4 +281,5 @@ def attend(
             n_splits=grid_splits,
             seq_part_rows=scratch.seq_rows,
             seq_out=m * (out.strides[0] // 4),
+            seq_slot=slot["seq_slot"],
         )

@@ -114,6 +114,13 @@ def project(
     out + s*split_stride for the consumer to add. kernel="v3": linear_v3 (not f32)."""
     if m == 0:  # nothing to compute (a zero grid is a launch error)
         return
+    if epilogue == "silu_mul" and w.out_features % 16:
+        # gate/up rows interleave in tiles of 8 + 8: a partial tile would pair a gate row with
+        # an up row past the weight (and store its column past the N/2 of a row)
+        raise ShapeError(
+            f"silu_mul: the gate/up weight has {w.out_features} rows; a multiple of 16 "
+            "(whole interleaved tiles) is needed"
+        )
     if _kernel(kernel) == "v3" and w.fmt != "f32":
         _v3.project(rt, w, x, m, out, epilogue, residual, ksplit, split_stride)
         return
