@@ -160,6 +160,22 @@ def test_project_sample_and_f32_dispatch():
     assert rt.launches[-1][0].name == "linear_f32_store"
 
 
+def test_defaults_v3_for_projections_v2_for_the_sampling_epilogue():
+    """The measured defaults (pydflash/ops/linear.py): projections on linear_v3, the lm_head
+    sampling epilogue of the draft step on linear.cu (faster there)."""
+    rt = Recorder(**H200)
+    w = weight("q4_0", 4096, 4096)
+    linear.project(rt, w, FakeArray((16, 4096)), 16, FakeArray((16, 4096)))
+    assert rt.launches[-1][0].name == "linear3_q4_0_store"
+    lm = weight("bf16", 1024, 4096)
+    blocks = linear.sample_blocks(lm)
+    linear.project_sample(
+        rt, lm, FakeArray((15, 4096)), 15, params=FakeArray((4,)), rng=FakeArray((4,)),
+        apply_cap=True, part=FakeArray((blocks, 15, 4)), part_idx=FakeArray((blocks, 15)),
+    )  # fmt: skip
+    assert rt.launches[-1][0].name == "linear_bf16_sample"
+
+
 def test_alignment_and_plan_errors():
     rt = Recorder(**H200)
     w = weight("q8_0", 256, 1024)

@@ -31,6 +31,10 @@ KERNELS = ("v2", "v3")
 # (PERF.md "linear_v3", tools/bench_linear.py --variants); v2 stays selectable and is the
 # reference v3 equals bit for bit under v2's plan.
 DEFAULT_KERNEL = "v3"
+# ... except the sampling epilogue over an lm_head: v3's (one K range, 2 waves of row groups)
+# made the draft step 0.46 -> 0.75 ms and propose 1.40 -> 1.65 ms (qwen3-8b-b16, V = 151936,
+# bench_round --propose on 14c2e8f): project_sample keeps linear.cu unless asked.
+SAMPLE_KERNEL = "v2"
 
 FAMILY = Family(
     "linear",
@@ -179,7 +183,7 @@ def project_sample(
     part: Any = None,
     part_idx: Any = None,
     slot_base: int = 0,
-    kernel: str = DEFAULT_KERNEL,
+    kernel: str = SAMPLE_KERNEL,
 ) -> None:
     """The sampling epilogue over z = x . w^T (one K range): z soft-capped when apply_cap and
     params[1] > 0, plus `residual` rows when given, stored to `y` when given; with `part` each
