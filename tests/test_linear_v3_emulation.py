@@ -547,7 +547,11 @@ def test_epilogues_silu_mul_add_and_sample_indices(rng, fmt):
     blocks = -(-(n + 7) // 32)  # linear.sample_blocks: one partial per 32 rows and token
     assert set(parts) == {(b, t) for b in range(blocks) for t in range(m)}
     for (b, t), (_, idx) in parts.items():
-        assert idx == b * 32 + int(np.argmax(ref[t, b * 32 : (b + 1) * 32]))
+        # the block's argmax, up to the f32 rounding of near ties (random logits: two rows may
+        # lie within 1e-6 of each other, where the float64 reference may pick the other)
+        block = ref[t, b * 32 : (b + 1) * 32]
+        assert b * 32 <= idx < b * 32 + block.size
+        assert ref[t, idx] >= block.max() - 1e-5 * np.abs(ref).max()
 
 
 def test_stale_ring_and_two_row_tile_config(rng):
