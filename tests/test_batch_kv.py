@@ -41,3 +41,28 @@ def test_pool_bytes_are_slots_times_a_kv(tmp_path):
             assert pool_bytes(cfg, 7, 500, dtype, rings) == 7 * one
     # rings keep a sliding layer's window: a long pool costs less with them
     assert pool_bytes(cfg, 4, 5000, "bf16", True) < pool_bytes(cfg, 4, 5000, "bf16", False)
+
+
+def test_a_retired_slot_and_another_engine_are_refused(tmp_path):
+    """checks.kv_usable / same_engine (what every drafter call runs first), on host stand-ins:
+    a removed pool slot's DflashKv, a KV or engine of another device or stream."""
+    import types
+
+    from pydflash import Checkpoint, checks
+    from pydflash.errors import ShapeError
+    from pydflash.kv import DflashKv
+
+    cfg = Checkpoint.open(make_checkpoint(tmp_path / "c", "tiny", seed=4)).cfg
+    kv = DflashKv.__new__(DflashKv)  # the bookkeeping of a slot view, no device arrays
+    kv.cfg, kv.device, kv.stream_ptr = cfg, 0, 1234
+    checks.kv_usable(kv, cfg, 0, 1234)
+    for device, stream in ((1, 1234), (0, 99)):
+        with pytest.raises(ShapeError, match="another engine"):
+            checks.kv_usable(kv, cfg, device, stream)
+    kv.retired = True  # DflashBatchKv.remove does this
+    with pytest.raises(ShapeError, match="removed from its DflashBatchKv"):
+        checks.kv_usable(kv, cfg, 0, 1234)
+    e = types.SimpleNamespace(ordinal=0, stream=types.SimpleNamespace(ptr=1234))
+    checks.same_engine(e, 0, 1234)
+    with pytest.raises(ShapeError, match="not the engine"):
+        checks.same_engine(e, 0, 5678)
