@@ -83,6 +83,17 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D = A . B with a zero accumulator: the first MMA of a chain (a GEMM tile's, a quant chunk's
+// partial sum).
+__device__ __forceinline__ void mma_bf16_zero(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                              unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
 // f32 -> bf16 hi + bf16 lo (hi = bf16(x), lo = bf16(x - hi)): two MMAs with the halves keep
 // about 16 mantissa bits of x, near-f32 products from bf16 tensor cores.
 __device__ __forceinline__ void split2(float a, float b, unsigned& hi, unsigned& lo) {

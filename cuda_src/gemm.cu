@@ -93,17 +93,6 @@ __device__ __forceinline__ void load_tile(unsigned char* stage, const float* X, 
     }
 }
 
-// D = A . B on the tensor cores (bf16, f32 accumulation) with a zero accumulator: the first
-// MMA of a chain.
-__device__ __forceinline__ void mma_bf16_first(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                               unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
-}
-
 // Two int8 quants (bytes i, i+1 of w) -> bf16x2, exactly: 2^23 + (q + 128) as a float, minus
 // 2^23 + 128.
 __device__ __forceinline__ unsigned q8_pair(unsigned w, int i) {
@@ -247,7 +236,7 @@ __device__ __forceinline__ void gemm_tiles(const unsigned char* __restrict__ W,
                         for (int mi = 0; mi < 2; ++mi) {
                             const unsigned(&a)[4] = lo ? al[mi][ks] : ah[mi][ks];
                             if (ks == 0 && lo == 0) {
-                                mma_bf16_first(s[mi][j], a, b0, b1);
+                                mma_bf16_zero(s[mi][j], a, b0, b1);
                             } else {
                                 mma_bf16(s[mi][j], a, b0, b1);
                             }

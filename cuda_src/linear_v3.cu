@@ -106,15 +106,6 @@ __device__ __forceinline__ void st_shared_zero16(unsigned dst) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
 }
 
-// D = A . B with a zero accumulator (the quants' per-chunk sum starts here).
-__device__ __forceinline__ void mma_bf16_zero(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                              unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
-}
 
 // (a & b) | c and (a & b) ^ c in one LOP3 (b and c in registers: with two immediates ptxas
 // emits two instructions)
