@@ -17,7 +17,7 @@ from ..kernels import Family
 from . import linear_v3 as _v3
 
 # shared with linear_v3 (and used as linear.split_k_plan, linear.CHUNK, ... by callers)
-from .linear_split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, split_k_plan
+from .linear_split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, row_args, split_k_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -129,19 +129,14 @@ def project(
         _v3.project(rt, w, x, m, out, epilogue, residual, ksplit, split_stride)
         return
     n, k = w.out_features, w.in_features
-    ldx = x.strides[0] // 4 if x.ndim == 2 else k
-    ldy = out.strides[-2] // 4 if out.ndim >= 2 else n
-    ldr = (residual.strides[0] // 4 if residual.ndim == 2 else n) if residual is not None else 0
-    res = residual if residual is not None else out
-    args: dict[str, Any] = dict(
-        W=w.data, X=x, ldx=ldx, Y=out, ldy=ldy, R=res, ldr=ldr, M=m, N=n, K=k
-    )
+    args = row_args(w, x, m, out, residual)
+    args["R"] = residual if residual is not None else out  # read only by the add epilogue
     if w.fmt == "f32":
         if ksplit != 1:
             raise ShapeError("f32 weights do not take a K split")
         pairs = -(-n // 16) * 8
         f32_grid = (-(-m // 16), -(-pairs // F32_WARPS))
-        rt.launch(F32[epilogue], f32_grid, 32 * F32_WARPS, scales=None, **args)
+        rt.launch(F32[epilogue], f32_grid, 32 * F32_WARPS, **args)
         return
     n_splits, per_split = split_k_plan(k // CHUNK, ksplit)
     if n_splits != ksplit:  # the consumer adds exactly ksplit partials: all must be written
@@ -156,7 +151,6 @@ def project(
         grid,
         32 * WARPS,
         pdl=True,
-        scales=w.scales,
         chunks_per_split=per_split,
         split_stride=split_stride,
         **args,
@@ -209,22 +203,9 @@ def project_sample(
             slot_base=slot_base,
         )
         return
-    n, k = w.out_features, w.in_features
-    ldx = x.strides[0] // 4 if x.ndim == 2 else k
-    ldy = (y.strides[0] // 4 if y.ndim == 2 else n) if y is not None else 0
-    ldr = (residual.strides[0] // 4 if residual.ndim == 2 else n) if residual is not None else 0
+    n = w.out_features
     args = dict(
-        W=w.data,
-        scales=w.scales,
-        X=x,
-        ldx=ldx,
-        Y=y,
-        ldy=ldy,
-        R=residual,
-        ldr=ldr,
-        M=m,
-        N=n,
-        K=k,
+        row_args(w, x, m, y, residual),
         part=part,
         part_idx=part_idx,
         params=params,

@@ -23,6 +23,33 @@ class GpuTensor(Protocol):
     scales: Any
 
 
+def row_stride(a: Any, default: int) -> int:
+    """Floats between two rows of a float32 operand (its axis -2: partials [ks, m, n] too);
+    `default` for a flat one, 0 for none."""
+    if a is None:
+        return 0
+    return a.strides[-2] // 4 if a.ndim >= 2 else default
+
+
+def row_args(w: GpuTensor, x: Any, m: int, y: Any, residual: Any) -> dict[str, Any]:
+    """The launch arguments every decode-linear kernel takes: the weight, the activations x
+    [m, K], the output y and the residual rows, their row strides, M, N, K."""
+    n, k = w.out_features, w.in_features
+    return dict(
+        W=w.data,
+        scales=w.scales,
+        X=x,
+        ldx=row_stride(x, k),
+        Y=y,
+        ldy=row_stride(y, n),
+        R=residual,
+        ldr=row_stride(residual, n),
+        M=m,
+        N=n,
+        K=k,
+    )
+
+
 def split_k_plan(chunks: int, want: int) -> tuple[int, int]:
     """(splits, chunks per split) for cutting `chunks` 32-wide K chunks into at most `want`
     ranges of whole chunks. Every split it counts is non-empty: the consumers add exactly that

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ShapeError
 from ..kernels import Family, KernelSpec
-from .linear_split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, split_k_plan
+from .linear_split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, row_args, split_k_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -289,11 +289,9 @@ def project(
     partials split_stride apart for the consumer), on the v3 kernel."""
     if m == 0:
         return
-    n, k = w.out_features, w.in_features
-    ldx = x.strides[0] // 4 if x.ndim == 2 else k
-    ldy = out.strides[-2] // 4 if out.ndim >= 2 else n
-    ldr = (residual.strides[0] // 4 if residual.ndim == 2 else n) if residual is not None else 0
-    _check(w, x, ldx)
+    args = row_args(w, x, m, out, residual)
+    args["R"] = residual if residual is not None else out  # read only by the add epilogue
+    _check(w, x, args["ldx"])
     p = plan(rt, w, ksplit, cfg, inner, groups)
     nt1 = m <= 8
     kern = kernels_for(cfg)
@@ -303,20 +301,10 @@ def project(
         32 * p.warps_per_block,
         _smem(w.fmt, cfg, p, 1 if nt1 else 2),
         pdl=True,
-        W=w.data,
-        scales=w.scales,
-        X=x,
-        ldx=ldx,
-        Y=out,
-        ldy=ldy,
-        R=residual if residual is not None else out,
-        ldr=ldr,
-        M=m,
-        N=n,
-        K=k,
         chunks_per_split=p.per_split,
         split_stride=split_stride,
         inner=p.inner,
+        **args,
     )
 
 
@@ -342,11 +330,8 @@ def project_sample(
     32-row block (linear.sample_blocks(w) of them) and token."""
     if m == 0:
         return
-    n, k = w.out_features, w.in_features
-    ldx = x.strides[0] // 4 if x.ndim == 2 else k
-    ldy = (y.strides[0] // 4 if y.ndim == 2 else n) if y is not None else 0
-    ldr = (residual.strides[0] // 4 if residual.ndim == 2 else n) if residual is not None else 0
-    _check(w, x, ldx)
+    args = row_args(w, x, m, y, residual)
+    _check(w, x, args["ldx"])
     p = plan(rt, w, 1, cfg, inner, groups)
     nt1 = m <= 8
     rt.launch(
@@ -355,17 +340,7 @@ def project_sample(
         32 * p.warps_per_block,
         _smem(w.fmt, cfg, p, 1 if nt1 else 2),
         pdl=True,
-        W=w.data,
-        scales=w.scales,
-        X=x,
-        ldx=ldx,
-        Y=y,
-        ldy=ldy,
-        R=residual,
-        ldr=ldr,
-        M=m,
-        N=n,
-        K=k,
+        **args,
         inner=p.inner,
         part=part,
         part_idx=part_idx,
