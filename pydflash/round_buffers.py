@@ -18,11 +18,20 @@ if TYPE_CHECKING:  # pragma: no cover
 INGEST_CHUNK = 256  # ctx rows projected per launch in ingest_ctx (bounds its buffers)
 
 
-class RoundBuffers:
+class KSplits:
+    """The split-K factors of a layer's weights (fixed per weight and device: they size the
+    partial-sum buffers)."""
+
+    def __init__(self, e: Engine, layer: DflashLayer) -> None:
+        self.ks_qkv, self.ks_kv = linear.k_splits(e, layer.qkv), linear.k_splits(e, layer.kv)
+        self.ks_o, self.ks_down = linear.k_splits(e, layer.o), linear.k_splits(e, layer.down)
+
+
+class RoundBuffers(KSplits):
     """Device buffers of the block rows and ingest chunks, allocated once per drafter (and once
     per batch pool for batched rounds: `seqs` sequences' blocks stacked, seqs * block_size
     rows), and the per-layer RoPE tables. The split-K factors are fixed per weight, so the
-    partial-sum buffers are sized here too."""
+    partial-sum buffers are sized here too (KSplits)."""
 
     noise: Any  # float32 buffers, shapes in _shapes
     out: Any
@@ -36,8 +45,7 @@ class RoundBuffers:
     kv_part: Any
 
     def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> None:
-        self.ks_qkv, self.ks_kv = linear.k_splits(e, layer.qkv), linear.k_splits(e, layer.kv)
-        self.ks_o, self.ks_down = linear.k_splits(e, layer.o), linear.k_splits(e, layer.down)
+        super().__init__(e, layer)
         self.seqs = seqs
         for name, shape in _shapes(cfg, layer, seqs, self).items():
             setattr(self, name, e.empty(shape))
@@ -51,20 +59,14 @@ class RoundBuffers:
     @staticmethod
     def nbytes(e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> int:
         """Device bytes of the buffers of `seqs` stacked blocks (checked before allocating)."""
-        ks = _Splits(e, layer)
-        rows = attention.rows_per_launch(cfg.n_head, cfg.n_kv, cfg.head_dim, e.smem_per_block)
-        n_q = max(1, min(cfg.block_size, rows))
-        att = seqs * attention.MAX_SPLITS * cfg.n_head * n_q * (cfg.head_dim + 2)
-        return 4 * (sum(int(np.prod(s)) for s in _shapes(cfg, layer, seqs, ks).values()) + att)
+        _, o_part, ml_part = attention.Scratch.shapes(
+            e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
+        )
+        shapes = [*_shapes(cfg, layer, seqs, KSplits(e, layer)).values(), o_part, ml_part]
+        return 4 * sum(int(np.prod(s)) for s in shapes)
 
 
-class _Splits:
-    def __init__(self, e: Engine, layer: DflashLayer) -> None:
-        self.ks_qkv, self.ks_kv = linear.k_splits(e, layer.qkv), linear.k_splits(e, layer.kv)
-        self.ks_o, self.ks_down = linear.k_splits(e, layer.o), linear.k_splits(e, layer.down)
-
-
-def _shapes(cfg: DflashCfg, layer: DflashLayer, seqs: int, ks: Any) -> dict[str, tuple]:
+def _shapes(cfg: DflashCfg, layer: DflashLayer, seqs: int, ks: KSplits) -> dict[str, tuple]:
     """The float32 buffers of a round over `seqs` stacked blocks, by name."""
     m, h = seqs * cfg.block_size, cfg.hidden
     return {

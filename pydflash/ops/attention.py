@@ -145,12 +145,29 @@ class Scratch:
         max_splits: int = MAX_SPLITS,
         seqs: int = 1,
     ) -> None:
-        self.n_q = max(1, min(n_q, rows_per_launch(n_head, n_kv, head_dim, rt.smem_per_block)))
+        self.n_q, o_shape, ml_shape = Scratch.shapes(
+            rt, n_head, n_kv, n_q, head_dim, max_splits, seqs
+        )
         self.max_splits, self.seqs = max_splits, seqs
         # a sequence's partials: seq_rows (split, head, query) rows
         self.seq_rows = max_splits * n_head * self.n_q
-        self.o_part = rt.empty((seqs * max_splits, n_head, self.n_q, head_dim), np.float32)
-        self.ml_part = rt.empty((seqs * max_splits, n_head, self.n_q, 2), np.float32)
+        self.o_part = rt.empty(o_shape, np.float32)
+        self.ml_part = rt.empty(ml_shape, np.float32)
+
+    @staticmethod
+    def shapes(
+        rt: Runtime,
+        n_head: int,
+        n_kv: int,
+        n_q: int,
+        head_dim: int,
+        max_splits: int = MAX_SPLITS,
+        seqs: int = 1,
+    ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """(query rows a launch, o_part's shape, ml_part's shape): float32 partials."""
+        n_q = max(1, min(n_q, rows_per_launch(n_head, n_kv, head_dim, rt.smem_per_block)))
+        rows = seqs * max_splits
+        return n_q, (rows, n_head, n_q, head_dim), (rows, n_head, n_q, 2)
 
 
 def _splits(rt: Runtime, n_kv: int, smem: int, spec: Any, threads: int) -> int:
