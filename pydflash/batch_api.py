@@ -112,10 +112,8 @@ class BatchApi(DraftApi):
     def _check_pool(self, e: Engine, pool: Any) -> DflashBatchKv:
         if not isinstance(pool, DflashBatchKv):
             raise ShapeError(f"pool: expected a DflashBatchKv, found {type(pool).__name__}")
-        self._check(e)
-        checks.kv_matches(pool.cfg, self.cfg)
-        if pool.device != e.ordinal or pool.stream_ptr != e.stream.ptr:
-            raise ShapeError("pool: made by another engine (device or stream) than this drafter's")
+        self._check(e)  # e is the drafter's engine: the pool must be made on it too
+        checks.kv_usable(pool, self.cfg, e.ordinal, e.stream.ptr, "pool")
         return pool
 
     # -- ctx rows ------------------------------------------------------------------------------

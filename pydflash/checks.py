@@ -222,23 +222,23 @@ def same_engine(e: Any, device: int, stream_ptr: int) -> None:
         )
 
 
-def kv_usable(kv: Any, cfg: DflashCfg, device: int, stream_ptr: int) -> None:
-    """A DflashKv a drafter may use: live (not a removed pool slot), built for its geometry,
-    made on its engine."""
-    if kv.retired:
-        raise ShapeError("kv: a slot removed from its DflashBatchKv (add() a new one)")
-    kv_matches(kv.cfg, cfg)
+def kv_usable(kv: Any, cfg: DflashCfg, device: int, stream_ptr: int, name: str = "kv") -> None:
+    """A DflashKv (or a DflashBatchKv, name "pool") a drafter may use: live (not a removed
+    pool slot), built for its geometry, made on its engine."""
+    if getattr(kv, "retired", False):
+        raise ShapeError(f"{name}: a slot removed from its DflashBatchKv (add() a new one)")
+    kv_matches(kv.cfg, cfg, name)
     if kv.device != device or kv.stream_ptr != stream_ptr:
-        raise ShapeError("kv: made by another engine (device or stream) than this drafter's")
+        raise ShapeError(f"{name}: made by another engine (device or stream) than this drafter's")
 
 
-def kv_matches(kv_cfg: DflashCfg, cfg: DflashCfg) -> None:
+def kv_matches(kv_cfg: DflashCfg, cfg: DflashCfg, name: str = "kv") -> None:
     """A KV cache used with a drafter must have been built for its layers, kv dims, block and
     per-layer sliding windows (a sliding layer's ring and key window are sized from them)."""
     k, c = kv_cfg, cfg
     if (k.n_layer, k.kv_dim, k.block_size) != (c.n_layer, c.kv_dim, c.block_size):
         raise ShapeError(
-            f"kv: built for {k.n_layer} layers x {k.kv_dim} kv dims, block "
+            f"{name}: built for {k.n_layer} layers x {k.kv_dim} kv dims, block "
             f"{k.block_size}; drafter has {c.n_layer} x {c.kv_dim}, block "
             f"{c.block_size}"
         )
@@ -246,7 +246,7 @@ def kv_matches(kv_cfg: DflashCfg, cfg: DflashCfg) -> None:
     cw = [c.window_of(li) for li in range(c.n_layer)]
     if kw != cw:
         raise ShapeError(
-            f"kv: built for per-layer sliding windows {kw}; drafter has {cw} (None = full "
+            f"{name}: built for per-layer sliding windows {kw}; drafter has {cw} (None = full "
             "attention)"
         )
 
