@@ -113,6 +113,9 @@ __device__ __forceinline__ void split4(float4 v, unsigned (&hi)[2], unsigned (&l
     lo[1] = pack_bf16x2(r2, r3);
 }
 
+// The MLP's gate activation: every silu_mul (the linears' epilogues, elementwise.cu).
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
 // Asynchronous global -> shared copies (sm_80+): `valid` false zero-fills the destination.
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool valid) {
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);

@@ -14,8 +14,7 @@ extern "C" __global__ void add_f32(const float* a, const float* b, float* out, l
 extern "C" __global__ void silu_mul_f32(const float* gate, const float* up, float* out,
                                         long long n) {
     for (long long i = gtid(); i < n; i += gstride()) {
-        const float g = gate[i];
-        out[i] = g / (1.f + expf(-g)) * up[i];
+        out[i] = silu(gate[i]) * up[i];
     }
 }
 

@@ -1,6 +1,6 @@
 // Device helpers shared by the decode linears (linear.cu, linear_v3.cu): weight formats and
 // epilogue ids, the SAMPLE epilogue's arguments and value step, exact q8_0 / q4_0 -> bf16 bit
-// tricks, silu and the STORE / ADD store.
+// tricks and the STORE / ADD store.
 #pragma once
 #include "sampling.cuh"
 
@@ -73,8 +73,6 @@ __device__ __forceinline__ void q4x8_to_bf16x2(unsigned v, unsigned (&o)[4]) {
     o[2] = bf16x2_add(((b01 >> 4) & 0x000F000Fu) | 0x43004300u, neg136);
     o[3] = bf16x2_add(((b23 >> 4) & 0x000F000Fu) | 0x43004300u, neg136);
 }
-
-__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
 // Store one output of the block (row, token) after the reduction.
 template <int EPI>

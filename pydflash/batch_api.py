@@ -16,6 +16,12 @@
   1, 2, 4, 8, 16, 32 or 64 and the extra sequences map to slot -1, which the kernels skip;
   the lens, positions and slot table are read on the device, so a replay needs no host
   synchronisation and the host only stages one small copy.
+  `activations="bf16"` trades that bit-exactness for throughput: from gemm_bf16act.MIN_ROWS
+  stacked rows, the bf16 linears round their activations to bf16 and run one tensor-core GEMM
+  a weight (pydflash/ops/gemm_bf16act.py), reading each weight once for the whole batch instead
+  of once per 16 rows. The outputs then equal the exact round to the rounding of bf16
+  activations (PERF.md "Batched rounds" states the measured level); other weight formats and
+  smaller buckets keep the exact path.
 - `draft_batch(e, hidden, lm_head, lasts, ...) -> list[Proposal]`: the draft step of each
   sequence (`draft` per sequence: tokens, q, probs, confidence). Sampling draws sequence i at
   the drafter's Philox offset + i and a sampled batch advances the offset by B (a greedy one
@@ -27,7 +33,6 @@ is refused (DeviceError) before any state is written.
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,60 +41,15 @@ import numpy as np
 
 from . import checks
 from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
+from .batch_round import PoolRounds
 from .draft_step import Proposal, check_flag, check_last, check_options
 from .errors import CapacityError, ShapeError
 from .ops import gemm
-from .ops.seqs import Seqs
 from .round_api import DraftApi
-from .round_buffers import RoundBuffers
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config import DflashCfg
     from .engine import Engine
     from .weights import DflashLayer
-
-
-@dataclasses.dataclass
-class BatchRound:
-    """What one batched round's kernels read: `n` sequences (a bucket), their stacked-block
-    buffers, their round states (flat int32, 1 + b a sequence) and the slot table."""
-
-    n: int
-    buf: RoundBuffers
-    state: Any
-    slot: Any
-    slot_kv: list[int]  # per layer: elements between two slots' K rows
-    slot_kpos: int
-
-    def seqs(self, layer: int) -> Seqs:
-        return Seqs(self.n, self.slot, self.slot_kv[layer], self.slot_kpos, int(self.state_ld))
-
-    @property
-    def state_ld(self) -> int:
-        return self.state.size // self.n
-
-
-class _PoolRounds:
-    """A pool's batched-round buffers (sized for its largest bucket), staging words and
-    captured graphs (one per bucket)."""
-
-    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, pool: DflashBatchKv) -> None:
-        self.cap = bucket(min(pool.slots, MAX_BATCH))
-        need = RoundBuffers.nbytes(e, cfg, layer, self.cap)
-        what = f"batched-round buffers for {self.cap} sequences"
-        with e.allocating(need, what):
-            self.buf = RoundBuffers(e, cfg, layer, self.cap)
-            self.ld = 1 + cfg.block_size
-            self.io = e.zeros(self.cap * (self.ld + 1), np.int32)  # states | slot table
-        self.graphs: dict[int, Any] = {}
-
-    def round(self, n: int, pool: DflashBatchKv) -> BatchRound:
-        state = self.io[: n * self.ld]
-        slot = self.io[self.cap * self.ld : self.cap * self.ld + n]
-        kv_dim = pool.cfg.kv_dim
-        return BatchRound(
-            n, self.buf, state, slot, [r * kv_dim for r in pool.layer_rows], pool.pos_rows
-        )
 
 
 class BatchApi(DraftApi):
@@ -98,7 +58,7 @@ class BatchApi(DraftApi):
 
     layers: list[DflashLayer]
     fc: Any
-    _batch_rounds: weakref.WeakKeyDictionary[DflashBatchKv, _PoolRounds]
+    _batch_rounds: weakref.WeakKeyDictionary[DflashBatchKv, PoolRounds]
 
     def new_batch_kv(
         self, e: Engine, slots: int, cap: int, dtype: str | None = None, *, rings: bool = True
@@ -251,15 +211,21 @@ class BatchApi(DraftApi):
         pos_blocks: Any,
         *,
         out: Any = None,
+        activations: str = "f32",
     ) -> Any:
         """One round over B = len(slots) sequences: noise_emb [B, b, hidden] (or [B*b,
         hidden]), pos_blocks [B, b] host ints (each sequence's block positions; after its
         last committed row when its sliding layers keep rings). Returns [B, b, hidden]
-        (`out` if given). See the module docstring."""
+        (`out` if given). activations: "f32" (each sequence equals its single round bit for
+        bit) or "bf16" (the bf16 linears of buckets of >= gemm_bf16act.MIN_ROWS rows round
+        their activations to bf16: much faster at large B, equal to rounding). See the
+        module docstring."""
         checks.require_runtime(e)
         with e.ordered():
             pool = self._check_pool(e, pool)
             ids = pool.check_slots(slots)
+            if activations not in ("f32", "bf16"):
+                raise ShapeError(f'activations: expected "f32" or "bf16", found {activations!r}')
             c, b, n = self.cfg, self.cfg.block_size, len(ids)
             noise = checks.f32_rows(e, noise_emb, "noise_emb", n * b, c.hidden)
             res = checks.out_rows(e, out, "out", n * b, c.hidden)  # a view of the caller's
@@ -273,6 +239,8 @@ class BatchApi(DraftApi):
             for s, kv, row in zip(ids, views, p):
                 kv.check_block_positions(row, f"pos_blocks (slot {s})")
             rounds = self._pool_rounds(e, pool)  # allocated before anything is written
+            if activations == "bf16":
+                rounds.allocate_scratch(e)
             size = bucket(n)
             host = np.zeros(rounds.io.size, np.int32)
             st = host[: size * rounds.ld].reshape(size, rounds.ld)
@@ -285,9 +253,9 @@ class BatchApi(DraftApi):
             e.copy_from_host(rounds.io, host)
             for kv in views:
                 kv.round_written()  # the block K/V overwrite the rings' oldest slots
-            br = rounds.round(size, pool)
+            br = rounds.round(size, pool, activations)
             br.buf.noise[: n * b] = noise
-            graph = rounds.graphs.get(size) if self.cuda_graphs else None
+            graph = rounds.graphs.get((size, activations)) if self.cuda_graphs else None
             if graph is not None:
                 graph.launch(e.stream)
             else:
@@ -299,14 +267,14 @@ class BatchApi(DraftApi):
                             self._round_kernels(e, pool, br)
                         finally:
                             graph = e.capture_stream.end_capture()
-                    rounds.graphs[size] = graph
+                    rounds.graphs[size, activations] = graph
             res[...] = br.buf.out[: n * b]
             return res.reshape(n, b, c.hidden) if out is None else out
 
-    def _pool_rounds(self, e: Engine, pool: DflashBatchKv) -> _PoolRounds:
+    def _pool_rounds(self, e: Engine, pool: DflashBatchKv) -> PoolRounds:
         rounds = self._batch_rounds.get(pool)
         if rounds is None:
-            rounds = self._batch_rounds[pool] = _PoolRounds(e, self.cfg, self.layers[0], pool)
+            rounds = self._batch_rounds[pool] = PoolRounds(e, self.cfg, self.layers[0], pool)
         return rounds
 
     # -- the draft step ------------------------------------------------------------------------

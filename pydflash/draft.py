@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from . import checks
-from .batch_api import BatchApi, BatchRound
+from .batch_api import BatchApi
+from .batch_round import BatchRound
 from .checkpoint import Checkpoint
 from .config import DflashCfg
 from .engine import Engine
@@ -285,10 +286,12 @@ class DflashDraft(BatchApi):
         depends on a len on the host."""
         c, b, h = self.cfg, self.cfg.block_size, self.cfg.hidden
         seqs: Callable[[int], Seqs | None] = lambda li: None  # one sequence: no grid dim
+        project: Callable[..., None]
         if batch is None:
-            buf, m, state = self._buf, b, kv.round_state
+            buf, m, state, project = self._buf, b, kv.round_state, linear.project
         else:
             buf, m, state, seqs = batch.buf, batch.n * b, batch.state, batch.seqs
+            project = batch.project  # linear.project, or gemm_bf16act's with bf16 activations
         length, pos = state[:1], state[1:]  # a sequence's [len, block positions...]
         qkv_stride, x_stride = m * buf.qkv_part.shape[2], m * h
         scatter_block_pos(e, kv.pos, length, pos, b, seqs(0))
@@ -304,7 +307,7 @@ class DflashDraft(BatchApi):
             resid_out=buf.x,
         )
         for li, layer in enumerate(self.layers):
-            linear.project(
+            project(
                 e, layer.qkv, buf.xn, m, buf.qkv_part, ksplit=buf.ks_qkv, split_stride=qkv_stride
             )
             # q heads -> buf.q; block K/V -> the scratch rows at len (read on the device)
@@ -356,9 +359,7 @@ class DflashDraft(BatchApi):
                 seqs=seqs(li),
             )
             # x += o(attn) + o_bias; xn = post_attention_layernorm(x)
-            linear.project(
-                e, layer.o, buf.attn, m, buf.x_part, ksplit=buf.ks_o, split_stride=x_stride
-            )
+            project(e, layer.o, buf.attn, m, buf.x_part, ksplit=buf.ks_o, split_stride=x_stride)
             norm.residual_rms_norm(
                 e,
                 buf.xn,
@@ -373,11 +374,9 @@ class DflashDraft(BatchApi):
                 bias=layer.o_bias,
                 resid_out=buf.x,
             )
-            linear.project(e, layer.gate_up, buf.xn, m, buf.ff, "silu_mul")
+            project(e, layer.gate_up, buf.xn, m, buf.ff, "silu_mul")
             # x += down(ff); xn = the next layer's input_layernorm(x), or the final norm
-            linear.project(
-                e, layer.down, buf.ff, m, buf.x_part, ksplit=buf.ks_down, split_stride=x_stride
-            )
+            project(e, layer.down, buf.ff, m, buf.x_part, ksplit=buf.ks_down, split_stride=x_stride)
             last = li + 1 == len(self.layers)
             norm.residual_rms_norm(
                 e,

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pydflash.errors import CapacityError, DeviceError, ShapeError
+from pydflash.testing import rel
 from tools.make_checkpoint import make_checkpoint
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
@@ -248,3 +249,79 @@ def test_batched_rounds_at_public_geometries(engine, preset_checkpoint, rng, pre
         got, want = _round_both(e, d, pool, slots, singles, seqs, rng)
         np.testing.assert_array_equal(got, want)
         assert np.isfinite(got).all()
+
+
+# rel ||round(activations="bf16") - single round|| / ||single round||: the rounding of the
+# activations of every bf16 linear to bf16 (PERF.md "Batched rounds" quotes the measured level)
+BF16_ACTIVATIONS = 2e-2
+
+
+def _bf16_vs_single(e, d, n, lens, rng, cap):
+    pool, slots, singles = _pair(e, d, cap, n)
+    slots = slots[:n]
+    seqs = [Seq(rng, rng.integers(0, 1000)) for _ in range(n)]
+    _ingest_both(e, d, pool, slots, singles, seqs, lens, rng)
+    c = d.cfg
+    errs = []
+    for step in range(2):  # capture, then replay
+        noise = (rng.standard_normal((n, c.block_size, c.hidden)) * 0.5).astype(np.float32)
+        blocks = np.stack([s.next + np.arange(c.block_size) for s in seqs]).astype(np.int32)
+        fast = cp.asnumpy(
+            d.forward_round_batch(e, pool, slots, cp.asarray(noise), blocks, activations="bf16")
+        )
+        exact = cp.asnumpy(d.forward_round_batch(e, pool, slots, cp.asarray(noise), blocks))
+        want = np.stack(
+            [
+                cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise[i]), blocks[i]))
+                for i, kv in enumerate(singles)
+            ]
+        )
+        np.testing.assert_array_equal(exact, want, err_msg="the exact batched round")
+        assert np.isfinite(fast).all()
+        assert not np.array_equal(fast, want), "activations='bf16' took the exact path"
+        for i in range(n):
+            err = rel(fast[i], want[i])
+            assert err < BF16_ACTIVATIONS, f"round {step} sequence {i}: {err:.2e}"
+            errs.append(err)
+    return max(errs)
+
+
+@pytest.mark.parametrize("name", ["tiny", "swa", "dspark"])
+def test_bf16_activations_equal_single_rounds_to_rounding(engine, ckpts, rng, name):
+    """Enough sequences that the stacked blocks take gemm_bf16act; ragged, past the window."""
+    from pydflash import DflashDraft
+    from pydflash.ops import gemm_bf16act
+
+    e = engine
+    d = DflashDraft.load(e, ckpts[name], "bf16")
+    n = -(-gemm_bf16act.MIN_ROWS // d.cfg.block_size) + 3
+    lens = [int(t) for t in rng.integers(0, 200, n)]
+    lens[0], lens[1] = 0, 1
+    worst = _bf16_vs_single(e, d, n, lens, rng, 300)
+    print(f"{name}: activations='bf16' vs single rounds, worst rel {worst:.2e}")
+
+
+def test_bf16_activations_is_refused_when_unknown(engine, ckpts, rng):
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["tiny"], "bf16")
+    pool = d.new_batch_kv(e, 2, 64)
+    slots = [pool.add(), pool.add()]
+    noise = cp.asarray(rng.standard_normal((2, d.cfg.block_size, d.cfg.hidden)), np.float32)
+    blocks = np.arange(2 * d.cfg.block_size, dtype=np.int32).reshape(2, -1)
+    with pytest.raises(ShapeError, match="activations"):
+        d.forward_round_batch(e, pool, slots, noise, blocks, activations="fp8")
+    assert [pool.slot(s).len for s in slots] == [0, 0]
+
+
+@pytest.mark.scale
+def test_bf16_activations_at_qwen3_8b_batch_16(engine, preset_checkpoint, rng):
+    """The benchmark's shape: 16 sequences of qwen3-8b-b16 (M = 256), ctx in the thousands."""
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, preset_checkpoint("qwen3-8b-b16"), "bf16")
+    lens = [int(t) for t in rng.integers(500, 4096, 16)]
+    worst = _bf16_vs_single(e, d, 16, lens, rng, 4200)
+    print(f"SCALE qwen3-8b-b16 B=16 activations='bf16' vs single rounds: worst rel {worst:.2e}")

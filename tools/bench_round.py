@@ -8,8 +8,9 @@ sliding layers in rings), ingest_ctx of 1 and of 4096 rows, draft_tokens with a 
 lm_head of the target's vocabulary; with --propose also the whole round
 (DflashDraft.propose: embeddings + forward_round + draft step, one CUDA graph) greedy and at
 T = 0.7, whose floor is (layer weights + lm_head (+ Markov W2 per draft)) / bandwidth.
-With --batch: only forward_round_batch (pydflash.batch_api) at each batch size, its drafted
-tokens per second and its time against B = 1 (bench_batch). Each
+With --batch: only forward_round_batch (pydflash.batch_api) at each batch size and activations
+mode (exact f32, then bf16), its drafted tokens per second and its time against the exact
+B = 1 (bench_batch). Each
 median sits beside its floor = bytes the op must read / the device-to-device copy bandwidth
 measured in the same run, and the ratio.
 """
@@ -241,12 +242,22 @@ def bench_precision(
 
 
 def bench_batch(
-    cp, e, ckpt: Path, precision: str, ctx: int, batches: list[int], rounds: int, bw: float, rng
+    cp,
+    e,
+    ckpt: Path,
+    precision: str,
+    ctx: int,
+    batches: list[int],
+    rounds: int,
+    bw: float,
+    rng,
+    activations: list[str],
 ) -> None:
     """forward_round_batch over B sequences of ctx rows each (one pool; each batch size's
-    graph bucket captured on its first call): median round time, drafted tokens per second
-    (B x the drafts a block yields, per round time), the time against B = 1's, and the floor
-    = (layer weights + every sequence's K/V) / bandwidth."""
+    graph bucket captured on its first call), for each `activations` mode: median round time,
+    drafted tokens per second (B x the drafts a block yields, per round time), the time
+    against the first mode's B = 1 (the exact round at B = 1 by default), and the floor =
+    (layer weights + every sequence's K/V) / bandwidth."""
     from pydflash import DflashDraft
     from pydflash.kv import round_kv_bytes
 
@@ -268,27 +279,30 @@ def bench_batch(
     n_drafts = len(c.draft_rows())
     kv_bytes = round_kv_bytes(c, ctx, pool.dtype, pool.cap)
     print(
-        f"\n{'precision':9s} {'B':>3s} {'round ms':>9s} {'x B=1':>6s} {'drafted tok/s':>14s} "
-        f"{'floor ms':>9s} {'ratio':>6s}"
+        f"\n{'precision':9s} {'act':4s} {'B':>3s} {'round ms':>9s} {'x B=1':>6s} "
+        f"{'drafted tok/s':>14s} {'floor ms':>9s} {'ratio':>6s}"
     )
     base = None
-    for n in batches:
-        noise = e.htod(rng.standard_normal((n, b, c.hidden), dtype=np.float32) * 0.02)
-        blocks = np.tile(np.arange(ctx, ctx + b, dtype=np.int32), (n, 1))
-        out = e.empty((n, b, c.hidden))
-        ms = timed(
-            cp,
-            e.stream,
-            lambda: d.forward_round_batch(e, pool, slots[:n], noise, blocks, out=out),
-            rounds,
-            warmup=10,
-        )
-        base = base or ms
-        floor = (d.weight_bytes + n * kv_bytes) / bw * 1e3
-        print(
-            f"{precision:9s} {n:3d} {ms:9.3f} {ms / base:6.2f} {n * n_drafts / (ms * 1e-3):14.0f} "
-            f"{floor:9.3f} {ms / floor:6.2f}"
-        )
+    for act in activations:
+        for n in batches:
+            noise = e.htod(rng.standard_normal((n, b, c.hidden), dtype=np.float32) * 0.02)
+            blocks = np.tile(np.arange(ctx, ctx + b, dtype=np.int32), (n, 1))
+            out = e.empty((n, b, c.hidden))
+            ms = timed(
+                cp,
+                e.stream,
+                lambda: d.forward_round_batch(
+                    e, pool, slots[:n], noise, blocks, out=out, activations=act
+                ),
+                rounds,
+                warmup=10,
+            )
+            base = base or ms
+            floor = (d.weight_bytes + n * kv_bytes) / bw * 1e3
+            print(
+                f"{precision:9s} {act:4s} {n:3d} {ms:9.3f} {ms / base:6.2f} "
+                f"{n * n_drafts / (ms * 1e-3):14.0f} {floor:9.3f} {ms / floor:6.2f}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,6 +320,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="+",
         help="only time forward_round_batch at these batch sizes (e.g. 1 4 16 64)",
+    )
+    ap.add_argument(
+        "--activations",
+        nargs="+",
+        default=["f32", "bf16"],
+        choices=["f32", "bf16"],
+        help="--batch: forward_round_batch's activations modes to time (x B=1 is against the "
+        "first one's B = 1)",
     )
     args = ap.parse_args(argv)
 
@@ -333,7 +355,18 @@ def main(argv: list[str] | None = None) -> int:
         with e.device, e.stream:
             lm_bits = synthetic_lm_head(cp, cfg.vocab_size or 151936, cfg.hidden)
         for precision in args.precision if args.batch else []:
-            bench_batch(cp, e, ckpt, precision, args.ctx, args.batch, args.rounds, bw, rng)
+            bench_batch(
+                cp,
+                e,
+                ckpt,
+                precision,
+                args.ctx,
+                args.batch,
+                args.rounds,
+                bw,
+                rng,
+                args.activations,
+            )
             cp.get_default_memory_pool().free_all_blocks()
         for precision in [] if args.batch else args.precision:
             rows += bench_precision(

@@ -1,0 +1,108 @@
+"""What a pool's batched rounds run on (pydflash.batch_api): `PoolRounds`, the buffers sized for
+the pool's largest bucket, the staging words, the bf16-activation scratch and the captured
+graphs (one per bucket and activations); `BatchRound`, what one round's kernels read."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
+from .ops import gemm_bf16act, linear
+from .ops.seqs import Seqs
+from .round_buffers import RoundBuffers
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import DflashCfg
+    from .engine import Engine
+    from .weights import DflashLayer
+
+
+@dataclasses.dataclass
+class BatchRound:
+    """What one batched round's kernels read: `n` sequences (a bucket), their stacked-block
+    buffers, their round states (flat int32, 1 + b a sequence) and the slot table."""
+
+    n: int
+    buf: RoundBuffers
+    state: Any
+    slot: Any
+    slot_kv: list[int]  # per layer: elements between two slots' K rows
+    slot_kpos: int
+    scratch: Any = None  # bf16 activations of the gemm_bf16act path; None: the exact path
+
+    def project(
+        self,
+        e: Engine,
+        w: Any,
+        x: Any,
+        m: int,
+        out: Any,
+        epilogue: str = "store",
+        ksplit: int = 1,
+        split_stride: int = 0,
+    ) -> None:
+        """linear.project for the round's linears, or gemm_bf16act's where it applies."""
+        if self.scratch is not None and gemm_bf16act.applies(e, w, m):
+            gemm_bf16act.project(
+                e,
+                w,
+                x,
+                m,
+                out,
+                epilogue,
+                ksplit=ksplit,
+                split_stride=split_stride,
+                scratch=self.scratch,
+            )
+        else:
+            linear.project(e, w, x, m, out, epilogue, ksplit=ksplit, split_stride=split_stride)
+
+    def seqs(self, layer: int) -> Seqs:
+        return Seqs(self.n, self.slot, self.slot_kv[layer], self.slot_kpos, int(self.state_ld))
+
+    @property
+    def state_ld(self) -> int:
+        return self.state.size // self.n
+
+
+class PoolRounds:
+    """A pool's batched-round buffers (sized for its largest bucket), staging words, the
+    bf16-activation scratch (on the first round that asks for it) and captured graphs (one per
+    bucket and activations)."""
+
+    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, pool: DflashBatchKv) -> None:
+        self.cap = bucket(min(pool.slots, MAX_BATCH))
+        need = RoundBuffers.nbytes(e, cfg, layer, self.cap)
+        what = f"batched-round buffers for {self.cap} sequences"
+        with e.allocating(need, what):
+            self.buf = RoundBuffers(e, cfg, layer, self.cap)
+            self.ld = 1 + cfg.block_size
+            self.io = e.zeros(self.cap * (self.ld + 1), np.int32)  # states | slot table
+        self.rows = self.cap * cfg.block_size  # stacked block rows of the largest bucket
+        self.k_max = max(cfg.hidden, cfg.q_dim, cfg.n_ff)  # the widest linear input
+        self.scratch: Any = None  # gemm_bf16act's bf16 activations, on first use
+        self.graphs: dict[tuple[int, str], Any] = {}
+
+    def allocate_scratch(self, e: Engine) -> None:
+        """The bf16-activation scratch of the largest bucket (before any state is written)."""
+        if self.scratch is None:
+            count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
+            with e.allocating(2 * count, f"bf16 activations of {self.cap} sequences"):
+                self.scratch = e.empty((count,), np.uint16)
+
+    def round(self, n: int, pool: DflashBatchKv, activations: str = "f32") -> BatchRound:
+        state = self.io[: n * self.ld]
+        slot = self.io[self.cap * self.ld : self.cap * self.ld + n]
+        kv_dim = pool.cfg.kv_dim
+        return BatchRound(
+            n,
+            self.buf,
+            state,
+            slot,
+            [r * kv_dim for r in pool.layer_rows],
+            pool.pos_rows,
+            self.scratch if activations == "bf16" else None,
+        )

@@ -1,0 +1,145 @@
+"""gemm_bf16act.cu: the batched round's linears with activations rounded to bf16 (one MMA a
+product instead of the exact path's two), for forward_round_batch(activations="bf16").
+
+`project` has linear.project's contract for the calls a round makes (the "store" epilogue into
+`ksplit` partials split_stride apart, which the consumers add, or "silu_mul"), so the round's
+code is the same on either path; it first rounds the activations into `scratch` (bf16, at least
+m * K elements). bf16 weights only: other formats stay on the exact decode linear
+(`applies`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import DeviceError, ShapeError
+from ..kernels import Family
+from .linear_split import CHUNK, split_k_plan
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
+    from .linear_split import GpuTensor
+
+BM = 128  # activation rows per block
+BN = 128  # weight rows per block
+STAGES = 4  # cp.async ring depth: 4 x 16 KiB fits the 99 KiB of sm_89 / sm_120
+SMEM = STAGES * 2 * BM * 64
+THREADS = 256
+EPILOGUES = ("store", "silu_mul")
+# Rows from which a batched round takes this path (fewer: the exact decode linear, which at
+# M <= 32 streams the weights once or twice anyway). The batched bucket of 4 qwen3-8b blocks
+# (M = 64) is the first where tiles of 128 rows beat re-streaming (tools/bench_round.py --batch).
+MIN_ROWS = 64
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
+
+FAMILY = Family("gemm_bf16act", {"G16_STAGES": STAGES})
+ROUND = FAMILY.kernel(
+    "round_bf16", "const float* X, long long ldx, unsigned short* Xb, int M, int K"
+)
+_SIG = (
+    "const unsigned short* W, const unsigned short* Xb, float* Y, long long ldy, int M, int N, "
+    "int K, int chunks_per_split, long long split_stride"
+)
+GEMM = {epi: FAMILY.kernel(f"gemm_bf16act_{epi}", _SIG) for epi in EPILOGUES}
+
+
+def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
+    """Whether `rows` rows through w take this path: bf16 weights, at least MIN_ROWS rows, the
+    ring fits the device's shared memory."""
+    return w.fmt == "bf16" and rows >= MIN_ROWS and SMEM <= rt.smem_per_block
+
+
+def scratch_elements(k_max: int, rows: int) -> int:
+    """bf16 elements of the rounded-activation scratch for `rows` rows of up to k_max inputs."""
+    return rows * k_max
+
+
+def flops(m: int, n: int, k: int) -> int:
+    """Tensor-core FLOP of one call (one MMA a product)."""
+    return 2 * m * n * k
+
+
+def project(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    out: Any,
+    epilogue: str = "store",
+    *,
+    ksplit: int = 1,
+    split_stride: int = 0,
+    scratch: Any,
+) -> None:
+    """out = round_bf16(x[:m]) . w^T, queued on the current stream: "store" writes `ksplit`
+    partials (split z at out + z * split_stride floats, K cut as split_k_plan cuts it), which
+    the consumer adds; "silu_mul" writes silu(gate) * up (gate/up rows interleaved in groups of
+    8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
+    multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats;
+    scratch: uint16 device array of >= m * K elements (16-byte aligned)."""
+    if w.fmt != "bf16":
+        raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
+    if epilogue not in EPILOGUES:
+        raise ShapeError(f"epilogue must be one of {EPILOGUES}, found {epilogue!r}")
+    n, k = w.out_features, w.in_features
+    if k % CHUNK:
+        raise ShapeError(f"w: in_features {k} must be a multiple of {CHUNK}")
+    if epilogue == "silu_mul" and (n % 16 or ksplit != 1):
+        raise ShapeError(
+            f"silu_mul: needs gate/up rows in whole groups (out_features {n} % 16 == 0) and "
+            f"one K split (found {ksplit})"
+        )
+    if x.dtype != np.float32 or x.ndim != 2 or x.shape[0] < m or x.shape[1] < k:
+        raise ShapeError(f"x: expected float32 [>= {m}, >= {k}], found {x.dtype} {list(x.shape)}")
+    ldx = x.strides[0] // 4
+    if x.strides[1] != 4 or ldx % 4 or x.data.ptr % 16:
+        raise ShapeError(f"x: rows must be contiguous and 16-byte aligned (strides {x.strides})")
+    if scratch.dtype != np.uint16 or scratch.size < m * k or scratch.data.ptr % 16:
+        raise ShapeError(
+            f"scratch: expected a 16-byte-aligned uint16 device array of >= {m * k} elements"
+        )
+    if w.data.data.ptr % 16:
+        raise ShapeError("w: weight rows must be 16-byte aligned")
+    if SMEM > rt.smem_per_block:
+        raise DeviceError(
+            f"gemm_bf16act: needs {SMEM} bytes of shared memory per block, the device offers "
+            f"{rt.smem_per_block}"
+        )
+    chunks = k // CHUNK
+    n_splits, per_split = split_k_plan(chunks, ksplit)
+    if n_splits != ksplit:
+        raise ShapeError(f"ksplit {ksplit} of {chunks} chunks leaves empty splits")
+    m_tiles, n_tiles = -(-m // BM), -(-n // BN)
+    if m_tiles > MAX_GRID_X or n_tiles > MAX_GRID_Y:
+        raise ShapeError(f"gemm_bf16act: {m} x {n} outputs exceed one launch's grid")
+    if m == 0:
+        return
+    quads = m * (k // 4)
+    rt.launch(
+        ROUND,
+        (min(-(-quads // THREADS), 4 * 1024),),
+        THREADS,
+        0,
+        X=x,
+        ldx=ldx,
+        Xb=scratch,
+        M=m,
+        K=k,
+    )
+    rt.launch(
+        GEMM[epilogue],
+        (m_tiles, n_tiles, ksplit),
+        THREADS,
+        SMEM,
+        W=w.data,
+        Xb=scratch,
+        Y=out,
+        ldy=out.strides[-2] // 4 if out.ndim >= 2 else (n // 2 if epilogue == "silu_mul" else n),
+        M=m,
+        N=n,
+        K=k,
+        chunks_per_split=per_split,
+        split_stride=split_stride,
+    )

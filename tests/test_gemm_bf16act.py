@@ -1,0 +1,95 @@
+"""gemm_bf16act's launcher without a GPU: when a batched round takes it, its grid and K split,
+and the arguments it refuses (fake device arrays stand in for CuPy's, as in test_gemm.py)."""
+
+import types
+
+import numpy as np
+import pytest
+
+from pydflash.errors import ShapeError
+from pydflash.ops import gemm_bf16act, linear
+from tests.test_gemm import FakeArray, fake_w
+
+
+class Scratch(FakeArray):
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+
+def recording_rt(smem=227 * 1024):
+    launches = []
+    rt = types.SimpleNamespace(
+        smem_per_block=smem,
+        launch=lambda spec, grid, block, smem, **a: launches.append((spec.name, grid, smem, a)),
+    )
+    return rt, launches
+
+
+def test_batched_rounds_take_it_for_bf16_weights_from_min_rows():
+    rt, _ = recording_rt()
+    assert gemm_bf16act.applies(rt, fake_w("bf16"), gemm_bf16act.MIN_ROWS)
+    assert not gemm_bf16act.applies(rt, fake_w("bf16"), gemm_bf16act.MIN_ROWS - 1)
+    for fmt in ("q8_0", "q4_0", "f32"):  # the exact decode linear keeps them
+        assert not gemm_bf16act.applies(rt, fake_w(fmt), 4096)
+    small, _ = recording_rt(48 * 1024)
+    assert not gemm_bf16act.applies(small, fake_w("bf16"), 4096)
+    assert gemm_bf16act.SMEM <= 99 * 1024  # sm_89 / sm_120's opt-in
+
+
+@pytest.mark.parametrize(
+    "m,n,k,ksplit", [(256, 4096, 4096, 4), (64, 333, 96, 1), (1000, 8, 1056, 3)]
+)
+def test_grid_covers_rows_outputs_and_splits(m, n, k, ksplit):
+    rt, launches = recording_rt()
+    out = FakeArray((ksplit, m, n))
+    gemm_bf16act.project(
+        rt,
+        fake_w(n=n, k=k),
+        FakeArray((m, k)),
+        m,
+        out,
+        ksplit=ksplit,
+        split_stride=m * n,
+        scratch=Scratch((m * k,), dtype=np.uint16),
+    )
+    (rnd, rgrid, _, ra), (name, grid, smem, a) = launches
+    assert rnd == "round_bf16" and ra["M"] == m and ra["K"] == k and ra["ldx"] == k
+    assert name == "gemm_bf16act_store" and smem == gemm_bf16act.SMEM
+    assert grid == (-(-m // 128), -(-n // 128), ksplit)
+    assert a["chunks_per_split"] == linear.split_k_plan(k // 32, ksplit)[1]
+    assert a["ldy"] == n and a["split_stride"] == m * n
+
+
+def test_refusals_name_the_argument():
+    rt, launches = recording_rt()
+    m, k = 64, 96
+    x, out = FakeArray((m, k)), FakeArray((m, 64))
+    ok = Scratch((m * k,), dtype=np.uint16)
+    cases = [
+        (dict(w=fake_w("q8_0", 64, k)), "bf16 weights"),
+        (dict(epilogue="add"), "epilogue"),
+        (dict(w=fake_w(n=40, k=k), epilogue="silu_mul"), "silu_mul"),
+        (dict(epilogue="silu_mul", ksplit=2), "silu_mul"),
+        (dict(w=fake_w(n=64, k=100)), "in_features"),
+        (dict(x=FakeArray((m, k), dtype=np.float64)), "x:"),
+        (dict(x=FakeArray((m, k), ptr=(1 << 20) + 4)), "x:"),
+        (dict(scratch=Scratch((m * k - 1,), dtype=np.uint16)), "scratch"),
+        (dict(scratch=Scratch((m * k,), dtype=np.float32)), "scratch"),
+        (dict(ksplit=4, w=fake_w(n=64, k=96)), "ksplit"),
+    ]
+    for change, match in cases:
+        args = dict(w=fake_w(n=64, k=k), x=x, epilogue="store", ksplit=1, scratch=ok)
+        args.update(change)
+        with pytest.raises(ShapeError, match=match):
+            gemm_bf16act.project(
+                rt,
+                args["w"],
+                args["x"],
+                m,
+                out,
+                args["epilogue"],
+                ksplit=args["ksplit"],
+                scratch=args["scratch"],
+            )
+    assert not launches  # nothing launched by a refused call

@@ -1,0 +1,128 @@
+"""The bf16-activation GEMM of batched rounds (cuda_src/gemm_bf16act.cu) against a float64
+NumPy product of the same bf16-rounded activations, every element checked, on fresh random
+inputs: tile edges, K splits, the silu_mul epilogue, and writes outside the output (skipped
+without a CUDA device)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
+
+
+def bf16(a):
+    """a rounded to bf16 (nearest even), as float64."""
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def weight(e, rng, n, k):
+    from pydflash import GpuTensor
+
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), "bf16")
+    return w, w.dequantize().astype(np.float64)
+
+
+def bounded(got, ref, scale, k, what):
+    """Every element within f32 summation rounding of the exact product of the rounded
+    operands: (k / 8 + 16) ulps of sum |x| |w| (the MMAs add 16 products at a time)."""
+    bound = (k / 8 + 16) * 2.0**-23 * scale + 1e-30
+    bad = ~(np.abs(got - ref) <= bound)  # NaN fails too
+    assert not bad.any(), f"{what}: {bad.sum()} elements out of bound, first {np.argwhere(bad)[0]}"
+
+
+def scratch_for(m, k):
+    return cp.empty(m * k + 64, np.uint16)
+
+
+@pytest.mark.parametrize(
+    "m,n,k,ksplit",
+    [
+        (64, 128, 32, 1),
+        (200, 333, 96, 1),
+        (256, 4096, 4096, 4),
+        (1000, 136, 1056, 3),
+        (129, 8, 64, 2),
+    ],
+)
+def test_store_partials_match_float64(engine, rng, m, n, k, ksplit):
+    from pydflash.ops import gemm_bf16act, linear
+
+    e = engine
+    w, wd = weight(e, rng, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, :] *= 1e3  # a large row and a tiny one: rounding is per element
+    x[-1, :] *= 1e-3
+    out = cp.full((ksplit + 1, m + 2, n), np.nan, np.float32)  # one spare split, spare rows
+    stride = (m + 2) * n
+    with e.ordered():
+        gemm_bf16act.project(
+            e,
+            w,
+            cp.asarray(x),
+            m,
+            out,
+            ksplit=ksplit,
+            split_stride=stride,
+            scratch=scratch_for(m, k),
+        )
+    got = cp.asnumpy(out)
+    assert np.isnan(got[ksplit]).all() and np.isnan(got[:, m:]).all(), "wrote outside Y"
+    xr = bf16(x)
+    _, per = linear.split_k_plan(k // 32, ksplit)
+    for z in range(ksplit):
+        ks = slice(32 * per * z, min(k, 32 * per * (z + 1)))
+        ref = xr[:, ks] @ wd[:, ks].T
+        bounded(got[z, :m], ref, np.abs(xr[:, ks]) @ np.abs(wd[:, ks]).T, k, f"split {z}")
+    total = got[:ksplit, :m].astype(np.float64).sum(0)
+    ref = xr @ wd.T
+    bounded(total, ref, np.abs(xr) @ np.abs(wd).T, k, "sum of the partials")
+    # the rounding of the activations is all that separates it from the f32 product
+    exact = x.astype(np.float64) @ wd.T
+    err = np.linalg.norm(total - exact) / np.linalg.norm(exact)
+    assert err < 2e-2, err
+    print(
+        f"gemm_bf16act M={m} N={n} K={k} ks={ksplit}: rel to the f32-activation product {err:.2e}"
+    )
+
+
+@pytest.mark.parametrize("m,n_ff,k", [(64, 64, 64), (300, 8 * 37, 128), (256, 12288, 4096)])
+def test_silu_mul_matches_float64(engine, rng, m, n_ff, k):
+    from pydflash.ops import gemm_bf16act
+    from pydflash.weights import GATE_UP_GROUP
+
+    e = engine
+    w, wd = weight(e, rng, 2 * n_ff, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    out = cp.full((m + 1, n_ff + 3), np.nan, np.float32)
+    with e.ordered():
+        gemm_bf16act.project(
+            e, w, cp.asarray(x), m, out[:, :n_ff], "silu_mul", scratch=scratch_for(m, k)
+        )
+    got = cp.asnumpy(out)
+    assert np.isnan(got[m:]).all() and np.isnan(got[:, n_ff:]).all(), "wrote outside Y"
+    y = bf16(x) @ wd.T  # rows: gate group 0, up group 0, gate group 1, ...
+    grouped = y.reshape(m, -1, 2, GATE_UP_GROUP)
+    gate = grouped[:, :, 0].reshape(m, n_ff)
+    up = grouped[:, :, 1].reshape(m, n_ff)
+    ref = gate / (1 + np.exp(-gate)) * up
+    err = np.abs(got[:m, :n_ff] - ref).max() / np.abs(ref).max()
+    assert err < 1e-5, err
+
+
+def test_refusals(engine, rng):
+    from pydflash.errors import ShapeError
+    from pydflash.ops import gemm_bf16act
+
+    e = engine
+    w, _ = weight(e, rng, 64, 64)
+    x = cp.asarray(rng.standard_normal((64, 64)).astype(np.float32))
+    out = cp.zeros((64, 64), np.float32)
+    with e.ordered():
+        with pytest.raises(ShapeError, match="scratch"):
+            gemm_bf16act.project(e, w, x, 64, out, scratch=cp.empty(10, np.uint16))
+        with pytest.raises(ShapeError, match="silu_mul"):
+            gemm_bf16act.project(
+                e, w, x, 64, out, "silu_mul", ksplit=2, scratch=scratch_for(64, 64)
+            )
+        with pytest.raises(ShapeError, match="x:"):
+            gemm_bf16act.project(e, w, x[:, :32], 64, out, scratch=scratch_for(64, 64))
