@@ -11,6 +11,9 @@ The ingest GEMM (ops/gemm.py; --gemm-only for just these rows): the kv projectio
 rows through the decode kernel (256-row split-K chunks, the old ingest) and through the GEMM for
 M around the crossover (gemm.MIN_ROWS), then the GEMM at M = 4096 for the kv and fc shapes
 beside its floor: max(bytes / copy bandwidth, 2*M*N*K / the cuBLAS f16 rate measured now).
+
+--batched 64 128 256 ...: only a layer's bf16 linears at the stacked rows of batched rounds,
+the exact decode linear beside gemm_bf16act (activations rounded to bf16), against the floor.
 """
 
 from __future__ import annotations
@@ -96,6 +99,65 @@ def _bits(cp, rng, n: int, k: int):
     )
 
 
+def bench_batched(cp, e, cfg, rows: list[int], bw: float, repeats: int, rng) -> None:
+    """A layer's bf16 linears at the stacked rows of batched rounds: the exact decode linear
+    (re-streams the weights per 16 rows) beside gemm_bf16act (bf16 activations, K splits as the
+    round uses them), with the TFLOP/s and the floor max(weight bytes / bandwidth, FLOP / the
+    cuBLAS f16 rate measured now)."""
+    from pydflash import GpuTensor
+    from pydflash.ops import gemm_bf16act, linear
+
+    rate = tensor_rate(cp, e.stream)
+    print(f"\ntensor rate (cuBLAS f16 8192^3) {rate / 1e12:.0f} TFLOP/s")
+    print(
+        f"{'linear':8s} {'M':>5s} {'exact us':>9s} {'bf16act us':>10s} {'TFLOP/s':>8s} "
+        f"{'floor us':>9s} {'ratio':>6s}"
+    )
+    h = cfg.hidden
+    shapes = {
+        "qkv": (cfg.q_dim + 2 * cfg.kv_dim, h, "store"),
+        "o": (h, cfg.q_dim, "store"),
+        "gate_up": (2 * cfg.n_ff, h, "silu_mul"),
+        "down": (h, cfg.n_ff, "store"),
+    }
+    total: dict[int, list[float]] = {m: [0.0, 0.0, 0.0] for m in rows}
+    for name, (n, k, epi) in shapes.items():
+        w = GpuTensor.from_bf16_bits(e, _bits(cp, rng, n, k), "bf16")
+        ks = 1 if epi == "silu_mul" else linear.k_splits(e, w)
+        for m in rows:
+            x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32))
+            out = cp.empty((ks, m, n // 2 if epi == "silu_mul" else n), np.float32)
+            scratch = cp.empty(m * k, np.uint16)
+            exact = timed_inner(
+                cp,
+                e.stream,
+                lambda: linear.project(e, w, x, m, out, epi, ksplit=ks, split_stride=m * n),
+                repeats,
+            )
+            fast = timed_inner(
+                cp,
+                e.stream,
+                lambda: gemm_bf16act.project(
+                    e, w, x, m, out, epi, ksplit=ks, split_stride=m * n, scratch=scratch
+                ),
+                repeats,
+            )
+            flop = gemm_bf16act.flops(m, n, k)
+            floor = max(2 * n * k / bw, flop / rate) * 1e3
+            print(
+                f"{name:8s} {m:5d} {exact * 1e3:9.1f} {fast * 1e3:10.1f} "
+                f"{flop / fast / 1e9:8.0f} {floor * 1e3:9.1f} {fast / floor:6.2f}"
+            )
+            for i, v in enumerate((exact, fast, floor)):
+                total[m][i] += v
+    for m in rows:
+        ex, fa, fl = total[m]
+        print(
+            f"{'layer':8s} {m:5d} {ex * 1e3:9.1f} {fa * 1e3:10.1f} {'':8s} {fl * 1e3:9.1f} "
+            f"{fa / fl:6.2f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--preset", default="qwen3-8b-b16", choices=sorted(PRESETS))
@@ -103,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=100)
     ap.add_argument("--gemm-only", action="store_true", help="only the ingest GEMM rows")
+    ap.add_argument(
+        "--batched",
+        type=int,
+        nargs="+",
+        help="only a layer's bf16 linears at these stacked row counts: exact vs gemm_bf16act",
+    )
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -129,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     b, h, rng = cfg.block_size, cfg.hidden, np.random.default_rng()
     n_taps = len(g["target_layer_ids"])
+    if args.batched:
+        with e.device, e.stream:
+            bench_batched(cp, e, cfg, args.batched, bw, args.repeats, rng)
+        return 0
     if args.gemm_only:
         with e.device, e.stream:
             bench_gemm(cp, e, cfg, n_taps, args.precision, bw, args.repeats, rng)
