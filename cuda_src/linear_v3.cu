@@ -186,14 +186,19 @@ __device__ __forceinline__ void linear3(const unsigned char* __restrict__ W,
     const int g = lane >> 2, t = lane & 3;
     const int nwarps = blockDim.x >> 5;
     const int slice = warp % inner;
-    const long long row0 = ((long long)blockIdx.x * (nwarps / inner) + warp / inner) * ROWS;
+    // blockIdx.x = row block x token groups + token group: the token groups of a row block
+    // are neighbours in launch order, run together and share the weights through L2 (one HBM
+    // read of a weight for every token group; with one token group, x is the row block)
+    const int token_groups = (M + NT * 8 - 1) / (NT * 8);
+    const long long row_block = blockIdx.x / token_groups;
+    const long long row0 = (row_block * (nwarps / inner) + warp / inner) * ROWS;
     const bool live = row0 < N;
     const int nchunks = K >> 5;
     const int split_begin = blockIdx.y * chunks_per_split;
     const int c_end = min(nchunks, split_begin + chunks_per_split);
     const int c_begin = split_begin + slice;
     const int steps = live && c_begin < c_end ? (c_end - c_begin + inner - 1) / inner : 0;
-    const long long tok0 = (long long)blockIdx.z * (NT * 8);
+    const long long tok0 = (long long)(blockIdx.x % token_groups) * (NT * 8);
     unsigned char* ring = lin3_smem + (size_t)warp * (S * G::STAGE);
     pdl_trigger();  // the next kernel (if launched with PDL) may start queuing
     if (dynamic_smem_bytes() < (unsigned)(nwarps * S * G::STAGE)) __trap();  // a host bug
@@ -445,9 +450,10 @@ __device__ __forceinline__ void linear3(const unsigned char* __restrict__ W,
     }
 }
 
-// Entry points, linear3_<format>_<epilogue>[_nt1]. Grid: x = blocks of `groups` row groups of
-// 16 * MT rows, y = outer K splits of chunks_per_split 32-chunks (partials at
-// Y + y * split_stride), z = token groups of 16 (8 for _nt1); block = 32 * groups * inner threads;
+// Entry points, linear3_<format>_<epilogue>[_nt1]. Grid: x = row blocks (of `groups` row groups
+// of 16 * MT rows) x token groups of 16 (8 for _nt1), the token group fastest; y = outer K splits
+// of chunks_per_split 32-chunks (partials at Y + y * split_stride); z = 1. Block = 32 * groups *
+// inner threads;
 // dynamic shared memory = the warps' rings (pydflash/ops/linear_v3.py smem_bytes).
 #define LIN3_ARGS                                                                            \
     const unsigned char *W, const f16_bits *scales, const float *X, long long ldx, float *Y, \

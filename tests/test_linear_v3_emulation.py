@@ -423,13 +423,13 @@ def run_kernel(L: Launch) -> tuple[np.ndarray, dict]:
     p = L.p
     covered = np.zeros((L.N, L.nchunks), np.int64)
     parts: dict = {}
-    for bz in range(-(-L.M // (L.nt * 8))):
-        for by in range(p.n_splits):
-            for bx in range(-(-p.row_groups // p.groups)):
-                warps = [
-                    warp_main_loop(L, bx, by, bz, w, covered) for w in range(p.inner * p.groups)
-                ]
-                block_epilogue(L, by, warps, parts)
+    # the kernel's grid: x = row block x token groups + token group, y = the outer split
+    token_groups = -(-L.M // (L.nt * 8))
+    for by in range(p.n_splits):
+        for x in range(-(-p.row_groups // p.groups) * token_groups):
+            bx, bz = divmod(x, token_groups)
+            warps = [warp_main_loop(L, bx, by, bz, w, covered) for w in range(p.inner * p.groups)]
+            block_epilogue(L, by, warps, parts)
     return covered, parts
 
 

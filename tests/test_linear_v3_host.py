@@ -54,7 +54,8 @@ def check_launch(rt, fmt, n, m, ks, cfg=linear_v3.DEFAULT):
     groups = block // 32 // args["inner"]
     p = linear_v3.plan(rt, weight(fmt, n, args["K"]), ks, cfg, args["inner"], groups)
     assert block == 32 * p.warps_per_block <= 32 * cfg.max_warps
-    assert grid == (-(-p.row_groups // p.groups), ks, -(-m // (8 if m <= 8 else 16)))
+    # x = row blocks x token groups (the token groups of a row block adjacent), y = splits
+    assert grid == (-(-p.row_groups // p.groups) * -(-m // (8 if m <= 8 else 16)), ks, 1)
     nt = 1 if m <= 8 else 2
     assert smem == block // 32 * linear_v3.ring_bytes(fmt, cfg, nt) <= rt.smem_per_block
     assert spec.name.endswith("_nt1") == (m <= 8)

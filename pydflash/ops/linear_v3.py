@@ -266,6 +266,13 @@ def _check(w: GpuTensor, x: Any, ldx: int) -> None:
         )
 
 
+def _grid_x(p: Plan, m: int, nt1: bool) -> int:
+    """Blocks along x: row blocks x token groups, the token groups of a row block adjacent in
+    launch order (linear_v3.cu reads the row block as x / token groups): they run together and
+    read each weight once from HBM, the rest from L2."""
+    return -(-p.row_groups // p.groups) * -(-m // (8 if nt1 else 16))
+
+
 def _smem(fmt: str, cfg: Config, p: Plan, nt: int) -> int:
     return p.warps_per_block * ring_bytes(fmt, cfg, nt)
 
@@ -297,7 +304,7 @@ def project(
     kern = kernels_for(cfg)
     rt.launch(
         kern.mma[(w.fmt, epilogue, nt1)],
-        (-(-p.row_groups // p.groups), p.n_splits, -(-m // (8 if nt1 else 16))),
+        (_grid_x(p, m, nt1), p.n_splits, 1),
         32 * p.warps_per_block,
         _smem(w.fmt, cfg, p, 1 if nt1 else 2),
         pdl=True,
@@ -336,7 +343,7 @@ def project_sample(
     nt1 = m <= 8
     rt.launch(
         kernels_for(cfg).sample[(w.fmt, nt1)],
-        (-(-p.row_groups // p.groups), 1, -(-m // (8 if nt1 else 16))),
+        (_grid_x(p, m, nt1), 1, 1),
         32 * p.warps_per_block,
         _smem(w.fmt, cfg, p, 1 if nt1 else 2),
         pdl=True,
