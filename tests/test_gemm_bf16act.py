@@ -34,7 +34,8 @@ def test_batched_rounds_take_it_for_bf16_weights_from_min_rows():
         assert not gemm_bf16act.applies(rt, fake_w(fmt), 4096)
     small, _ = recording_rt(48 * 1024)
     assert not gemm_bf16act.applies(small, fake_w("bf16"), 4096)
-    assert gemm_bf16act.SMEM <= 99 * 1024  # sm_89 / sm_120's opt-in
+    for tile in gemm_bf16act.TILES:  # sm_89 / sm_120's opt-in
+        assert gemm_bf16act.tile_shape(tile)[3] <= 99 * 1024
 
 
 @pytest.mark.parametrize(
@@ -55,8 +56,9 @@ def test_grid_covers_rows_outputs_and_splits(m, n, k, ksplit):
     )
     (rnd, rgrid, _, ra), (name, grid, smem, a) = launches
     assert rnd == "round_bf16" and ra["M"] == m and ra["K"] == k and ra["ldx"] == k
-    assert name == "gemm_bf16act_store" and smem == gemm_bf16act.SMEM
-    assert grid == (-(-m // 128), -(-n // 128), ksplit)
+    bm, bn, _, tile_smem = gemm_bf16act.tile_shape(gemm_bf16act.DEFAULT_TILE)
+    assert name == f"gemm_bf16act_store_{gemm_bf16act.DEFAULT_TILE}" and smem == tile_smem
+    assert grid == (-(-m // bm), -(-n // bn), ksplit)
     assert a["chunks_per_split"] == linear.split_k_plan(k // 32, ksplit)[1]
     assert a["ldy"] == n and a["split_stride"] == m * n
 
@@ -77,9 +79,11 @@ def test_refusals_name_the_argument():
         (dict(scratch=Scratch((m * k - 1,), dtype=np.uint16)), "scratch"),
         (dict(scratch=Scratch((m * k,), dtype=np.float32)), "scratch"),
         (dict(ksplit=4, w=fake_w(n=64, k=96)), "ksplit"),
+        (dict(tile="w3_odd"), "tile"),
     ]
     for change, match in cases:
         args = dict(w=fake_w(n=64, k=k), x=x, epilogue="store", ksplit=1, scratch=ok)
+        args["tile"] = gemm_bf16act.DEFAULT_TILE
         args.update(change)
         with pytest.raises(ShapeError, match=match):
             gemm_bf16act.project(
@@ -91,5 +95,6 @@ def test_refusals_name_the_argument():
                 args["epilogue"],
                 ksplit=args["ksplit"],
                 scratch=args["scratch"],
+                tile=args["tile"],
             )
     assert not launches  # nothing launched by a refused call

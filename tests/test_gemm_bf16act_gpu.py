@@ -9,6 +9,15 @@ import pytest
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
+TILES = [
+    "w8_128x128_k32",
+    "w4_128x128_k32",
+    "w8_128x128_k64",
+    "w4_128x128_k64",
+    "w8_128x256_k32",
+    "w4_64x128_k64",
+]  # gemm_bf16act.TILES, every one checked
+
 
 def bf16(a):
     """a rounded to bf16 (nearest even), as float64."""
@@ -44,7 +53,8 @@ def scratch_for(m, k):
         (129, 8, 64, 2),
     ],
 )
-def test_store_partials_match_float64(engine, rng, m, n, k, ksplit):
+@pytest.mark.parametrize("tile", TILES)
+def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
     from pydflash.ops import gemm_bf16act, linear
 
     e = engine
@@ -64,6 +74,7 @@ def test_store_partials_match_float64(engine, rng, m, n, k, ksplit):
             ksplit=ksplit,
             split_stride=stride,
             scratch=scratch_for(m, k),
+            tile=tile,
         )
     got = cp.asnumpy(out)
     assert np.isnan(got[ksplit]).all() and np.isnan(got[:, m:]).all(), "wrote outside Y"
@@ -86,7 +97,8 @@ def test_store_partials_match_float64(engine, rng, m, n, k, ksplit):
 
 
 @pytest.mark.parametrize("m,n_ff,k", [(64, 64, 64), (300, 8 * 37, 128), (256, 12288, 4096)])
-def test_silu_mul_matches_float64(engine, rng, m, n_ff, k):
+@pytest.mark.parametrize("tile", TILES)
+def test_silu_mul_matches_float64(engine, rng, m, n_ff, k, tile):
     from pydflash.ops import gemm_bf16act
     from pydflash.weights import GATE_UP_GROUP
 
@@ -96,7 +108,7 @@ def test_silu_mul_matches_float64(engine, rng, m, n_ff, k):
     out = cp.full((m + 1, n_ff + 3), np.nan, np.float32)
     with e.ordered():
         gemm_bf16act.project(
-            e, w, cp.asarray(x), m, out[:, :n_ff], "silu_mul", scratch=scratch_for(m, k)
+            e, w, cp.asarray(x), m, out[:, :n_ff], "silu_mul", scratch=scratch_for(m, k), tile=tile
         )
     got = cp.asnumpy(out)
     assert np.isnan(got[m:]).all() and np.isnan(got[:, n_ff:]).all(), "wrote outside Y"

@@ -99,7 +99,9 @@ def _bits(cp, rng, n: int, k: int):
     )
 
 
-def bench_batched(cp, e, cfg, rows: list[int], bw: float, repeats: int, rng) -> None:
+def bench_batched(
+    cp, e, cfg, rows: list[int], bw: float, repeats: int, rng, tiles: list[str]
+) -> None:
     """A layer's bf16 linears at the stacked rows of batched rounds: the exact decode linear
     (re-streams the weights per 16 rows) beside gemm_bf16act (bf16 activations, K splits as the
     round uses them), with the TFLOP/s and the floor max(weight bytes / bandwidth, FLOP / the
@@ -110,8 +112,8 @@ def bench_batched(cp, e, cfg, rows: list[int], bw: float, repeats: int, rng) -> 
     rate = tensor_rate(cp, e.stream)
     print(f"\ntensor rate (cuBLAS f16 8192^3) {rate / 1e12:.0f} TFLOP/s")
     print(
-        f"{'linear':8s} {'M':>5s} {'exact us':>9s} {'bf16act us':>10s} {'TFLOP/s':>8s} "
-        f"{'floor us':>9s} {'ratio':>6s}"
+        f"{'linear':8s} {'M':>5s} {'tile':15s} {'exact us':>9s} {'bf16act us':>10s} "
+        f"{'TFLOP/s':>8s} {'floor us':>9s} {'ratio':>6s}"
     )
     h = cfg.hidden
     shapes = {
@@ -120,7 +122,9 @@ def bench_batched(cp, e, cfg, rows: list[int], bw: float, repeats: int, rng) -> 
         "gate_up": (2 * cfg.n_ff, h, "silu_mul"),
         "down": (h, cfg.n_ff, "store"),
     }
-    total: dict[int, list[float]] = {m: [0.0, 0.0, 0.0] for m in rows}
+    total: dict[tuple[int, str], list[float]] = {
+        (m, t): [0.0, 0.0, 0.0] for m in rows for t in tiles
+    }
     for name, (n, k, epi) in shapes.items():
         w = GpuTensor.from_bf16_bits(e, _bits(cp, rng, n, k), "bf16")
         ks = 1 if epi == "silu_mul" else linear.k_splits(e, w)
@@ -134,27 +138,36 @@ def bench_batched(cp, e, cfg, rows: list[int], bw: float, repeats: int, rng) -> 
                 lambda: linear.project(e, w, x, m, out, epi, ksplit=ks, split_stride=m * n),
                 repeats,
             )
-            fast = timed_inner(
-                cp,
-                e.stream,
-                lambda: gemm_bf16act.project(
-                    e, w, x, m, out, epi, ksplit=ks, split_stride=m * n, scratch=scratch
-                ),
-                repeats,
-            )
             flop = gemm_bf16act.flops(m, n, k)
             floor = max(2 * n * k / bw, flop / rate) * 1e3
-            print(
-                f"{name:8s} {m:5d} {exact * 1e3:9.1f} {fast * 1e3:10.1f} "
-                f"{flop / fast / 1e9:8.0f} {floor * 1e3:9.1f} {fast / floor:6.2f}"
-            )
-            for i, v in enumerate((exact, fast, floor)):
-                total[m][i] += v
-    for m in rows:
-        ex, fa, fl = total[m]
+            for tile in tiles:
+                fast = timed_inner(
+                    cp,
+                    e.stream,
+                    lambda: gemm_bf16act.project(
+                        e,
+                        w,
+                        x,
+                        m,
+                        out,
+                        epi,
+                        ksplit=ks,
+                        split_stride=m * n,
+                        scratch=scratch,
+                        tile=tile,
+                    ),
+                    repeats,
+                )
+                print(
+                    f"{name:8s} {m:5d} {tile:15s} {exact * 1e3:9.1f} {fast * 1e3:10.1f} "
+                    f"{flop / fast / 1e9:8.0f} {floor * 1e3:9.1f} {fast / floor:6.2f}"
+                )
+                for i, v in enumerate((exact, fast, floor)):
+                    total[m, tile][i] += v
+    for (m, tile), (ex, fa, fl) in total.items():
         print(
-            f"{'layer':8s} {m:5d} {ex * 1e3:9.1f} {fa * 1e3:10.1f} {'':8s} {fl * 1e3:9.1f} "
-            f"{fa / fl:6.2f}"
+            f"{'layer':8s} {m:5d} {tile:15s} {ex * 1e3:9.1f} {fa * 1e3:10.1f} {'':8s} "
+            f"{fl * 1e3:9.1f} {fa / fl:6.2f}"
         )
 
 
@@ -170,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="+",
         help="only a layer's bf16 linears at these stacked row counts: exact vs gemm_bf16act",
+    )
+    ap.add_argument(
+        "--tiles", nargs="+", default=None, help="--batched: gemm_bf16act tiles (default: all)"
     )
     args = ap.parse_args(argv)
 
@@ -198,8 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     b, h, rng = cfg.block_size, cfg.hidden, np.random.default_rng()
     n_taps = len(g["target_layer_ids"])
     if args.batched:
+        from pydflash.ops import gemm_bf16act
+
+        args.tiles = args.tiles or list(gemm_bf16act.TILES)
         with e.device, e.stream:
-            bench_batched(cp, e, cfg, args.batched, bw, args.repeats, rng)
+            bench_batched(cp, e, cfg, args.batched, bw, args.repeats, rng, args.tiles)
         return 0
     if args.gemm_only:
         with e.device, e.stream:

@@ -241,6 +241,33 @@ def bench_precision(
     return rows
 
 
+def kernel_profile(cp, e, fn, reps: int = 5) -> list[tuple[str, float]]:
+    """GPU milliseconds per call of fn by kernel name, fn run eagerly `reps` times with a CUDA
+    event pair around every launch (the events serialise the launches: the sum runs over the
+    graph's time, the split is what counts)."""
+    pairs = []
+    launch = e.launch
+
+    def recorded(spec, *a, **k):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(e.stream)
+        launch(spec, *a, **k)
+        end.record(e.stream)
+        pairs.append((spec.name, start, end))
+
+    e.launch = recorded
+    try:
+        for _ in range(reps):
+            fn()
+    finally:
+        del e.launch
+    e.stream.synchronize()
+    per: dict[str, float] = {}
+    for name, start, end in pairs:
+        per[name] = per.get(name, 0.0) + cp.cuda.get_elapsed_time(start, end) / reps
+    return sorted(per.items(), key=lambda kv: -kv[1])
+
+
 def bench_batch(
     cp,
     e,
@@ -252,6 +279,7 @@ def bench_batch(
     bw: float,
     rng,
     activations: list[str],
+    profile: bool = False,
 ) -> None:
     """forward_round_batch over B sequences of ctx rows each (one pool; each batch size's
     graph bucket captured on its first call), for each `activations` mode: median round time,
@@ -303,6 +331,20 @@ def bench_batch(
                 f"{precision:9s} {act:4s} {n:3d} {ms:9.3f} {ms / base:6.2f} "
                 f"{n * n_drafts / (ms * 1e-3):14.0f} {floor:9.3f} {ms / floor:6.2f}"
             )
+            if profile and n == max(batches):
+                d.cuda_graphs = False
+                prof = kernel_profile(
+                    cp,
+                    e,
+                    lambda: d.forward_round_batch(
+                        e, pool, slots[:n], noise, blocks, out=out, activations=act
+                    ),
+                )
+                d.cuda_graphs = True
+                eager = sum(v for _, v in prof)
+                print(f"  kernels of B = {n} ({act}, eager, {eager:.3f} ms in all):")
+                for name, v in prof[:12]:
+                    print(f"    {name:44s} {v:8.3f} ms {100 * v / eager:5.1f}%")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="+",
         help="only time forward_round_batch at these batch sizes (e.g. 1 4 16 64)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="--batch: the largest batch's GPU time by kernel (eager, an event pair a launch)",
     )
     ap.add_argument(
         "--activations",
@@ -366,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                 bw,
                 rng,
                 args.activations,
+                args.profile,
             )
             cp.get_default_memory_pool().free_all_blocks()
         for precision in [] if args.batch else args.precision:

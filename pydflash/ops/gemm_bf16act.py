@@ -21,12 +21,30 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
     from .linear_split import GpuTensor
 
-BM = 128  # activation rows per block
-BN = 128  # weight rows per block
-STAGES = 4  # cp.async ring depth: 4 x 16 KiB fits the 99 KiB of sm_89 / sm_120
-SMEM = STAGES * 2 * BM * 64
-THREADS = 256
+# The tiles gemm_bf16act.cu instantiates: name -> (WM, WN, MT, NT, BK, STAGES): WM x WN warps,
+# a warp MT m-tiles of 16 rows x NT n-tiles of 8 outputs, K tiles of BK, a STAGES-deep ring.
+# Every one fits the 99 KiB of shared memory a block gets on sm_89 / sm_120.
+TILES = {
+    "w8_128x128_k32": (2, 4, 4, 4, 32, 4),
+    "w4_128x128_k32": (2, 2, 4, 8, 32, 4),
+    "w8_128x128_k64": (2, 4, 4, 4, 64, 3),
+    "w4_128x128_k64": (2, 2, 4, 8, 64, 3),
+    "w8_128x256_k32": (2, 4, 4, 8, 32, 4),
+    "w4_64x128_k64": (1, 4, 4, 4, 64, 4),
+}
+DEFAULT_TILE = "w8_128x128_k32"
+THREADS = 256  # round_bf16's block
 EPILOGUES = ("store", "silu_mul")
+
+
+def tile_shape(tile: str) -> tuple[int, int, int, int]:
+    """(rows of X, rows of W, threads, dynamic shared memory bytes) of a block of `tile`."""
+    wm, wn, mt, nt, bk, stages = TILES[tile]
+    bm, bn = wm * mt * 16, wn * nt * 8
+    return bm, bn, 32 * wm * wn, stages * (bm + bn) * bk * 2
+
+
+SMEM = tile_shape(DEFAULT_TILE)[3]
 # Rows from which a batched round takes this path (fewer: the exact decode linear, which at
 # M <= 32 streams the weights once or twice anyway). The batched bucket of 4 qwen3-8b blocks
 # (M = 64) is the first where tiles of 128 rows beat re-streaming (tools/bench_round.py --batch).
@@ -34,7 +52,7 @@ MIN_ROWS = 64
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 
-FAMILY = Family("gemm_bf16act", {"G16_STAGES": STAGES})
+FAMILY = Family("gemm_bf16act", {})
 ROUND = FAMILY.kernel(
     "round_bf16", "const float* X, long long ldx, unsigned short* Xb, int M, int K"
 )
@@ -42,7 +60,11 @@ _SIG = (
     "const unsigned short* W, const unsigned short* Xb, float* Y, long long ldy, int M, int N, "
     "int K, int chunks_per_split, long long split_stride"
 )
-GEMM = {epi: FAMILY.kernel(f"gemm_bf16act_{epi}", _SIG) for epi in EPILOGUES}
+GEMM = {
+    (epi, tile): FAMILY.kernel(f"gemm_bf16act_{epi}_{tile}", _SIG)
+    for epi in EPILOGUES
+    for tile in TILES
+}
 
 
 def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
@@ -72,15 +94,18 @@ def project(
     ksplit: int = 1,
     split_stride: int = 0,
     scratch: Any,
+    tile: str = DEFAULT_TILE,
 ) -> None:
     """out = round_bf16(x[:m]) . w^T, queued on the current stream: "store" writes `ksplit`
     partials (split z at out + z * split_stride floats, K cut as split_k_plan cuts it), which
     the consumer adds; "silu_mul" writes silu(gate) * up (gate/up rows interleaved in groups of
     8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
     multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats;
-    scratch: uint16 device array of >= m * K elements (16-byte aligned)."""
+    scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES."""
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
+    if tile not in TILES:
+        raise ShapeError(f"tile must be one of {sorted(TILES)}, found {tile!r}")
     if epilogue not in EPILOGUES:
         raise ShapeError(f"epilogue must be one of {EPILOGUES}, found {epilogue!r}")
     n, k = w.out_features, w.in_features
@@ -102,16 +127,17 @@ def project(
         )
     if w.data.data.ptr % 16:
         raise ShapeError("w: weight rows must be 16-byte aligned")
-    if SMEM > rt.smem_per_block:
+    bm, bn, threads, smem = tile_shape(tile)
+    if smem > rt.smem_per_block:
         raise DeviceError(
-            f"gemm_bf16act: needs {SMEM} bytes of shared memory per block, the device offers "
-            f"{rt.smem_per_block}"
+            f"gemm_bf16act {tile}: needs {smem} bytes of shared memory per block, the device "
+            f"offers {rt.smem_per_block}"
         )
     chunks = k // CHUNK
     n_splits, per_split = split_k_plan(chunks, ksplit)
     if n_splits != ksplit:
         raise ShapeError(f"ksplit {ksplit} of {chunks} chunks leaves empty splits")
-    m_tiles, n_tiles = -(-m // BM), -(-n // BN)
+    m_tiles, n_tiles = -(-m // bm), -(-n // bn)
     if m_tiles > MAX_GRID_X or n_tiles > MAX_GRID_Y:
         raise ShapeError(f"gemm_bf16act: {m} x {n} outputs exceed one launch's grid")
     if m == 0:
@@ -129,10 +155,10 @@ def project(
         K=k,
     )
     rt.launch(
-        GEMM[epilogue],
+        GEMM[epilogue, tile],
         (m_tiles, n_tiles, ksplit),
-        THREADS,
-        SMEM,
+        threads,
+        smem,
         W=w.data,
         Xb=scratch,
         Y=out,
