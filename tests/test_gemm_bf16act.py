@@ -56,8 +56,10 @@ def test_grid_covers_rows_outputs_and_splits(m, n, k, ksplit):
     )
     (rnd, rgrid, _, ra), (name, grid, smem, a) = launches
     assert rnd == "round_bf16" and ra["M"] == m and ra["K"] == k and ra["ldx"] == k
-    bm, bn, _, tile_smem = gemm_bf16act.tile_shape(gemm_bf16act.DEFAULT_TILE)
-    assert name == f"gemm_bf16act_store_{gemm_bf16act.DEFAULT_TILE}" and smem == tile_smem
+    tile = gemm_bf16act.pick_tile(m)  # the small-M tile up to SMALL_ROWS rows
+    assert tile == (gemm_bf16act.SMALL_TILE if m <= 128 else gemm_bf16act.DEFAULT_TILE)
+    bm, bn, _, tile_smem = gemm_bf16act.tile_shape(tile)
+    assert name == f"gemm_bf16act_store_{tile}" and smem == tile_smem
     assert grid == (-(-m // bm), -(-n // bn), ksplit)
     assert a["chunks_per_split"] == linear.split_k_plan(k // 32, ksplit)[1]
     assert a["ldy"] == n and a["split_stride"] == m * n

@@ -214,6 +214,7 @@ def attend(
     key_window: int = 0,
     splits: int | None = None,
     seqs: Seqs | None = None,
+    share_splits: bool = False,
 ) -> None:
     """Split-KV attention (partial + combine launches) in query chunks of at most scratch.n_q
     rows. Query at position p sees key j iff window == 0 or |p - pos_j| <= window - 1; with
@@ -227,7 +228,10 @@ def attend(
     blocks to fill the SMs, at most scratch.max_splits). seqs: a batch of sequences (grid z;
     pydflash.ops.seqs): q, q_pos, out and n_keys_base hold m rows / one round state a
     sequence, k, v, k_pos are slot 0 of the pool; None = one sequence. The split plan depends
-    on the geometry and the device only, so a sequence's result equals its single run."""
+    on the geometry and the device only, so a sequence's result equals its single run; with
+    share_splits the default target is shared among the sequences (about 2 * target / B splits
+    each: longer splits, fewer partials to combine), which changes a sequence's summation
+    order: only for batched rounds that waive bit-equality with single rounds."""
     n_seq = seqs_count(seqs)
     if n_seq > scratch.seqs:
         raise GeometryError(f"attention: {n_seq} sequences, scratch sized for {scratch.seqs}")
@@ -249,7 +253,10 @@ def attend(
         else:  # one warp per 16 query rows
             spec, threads = TC[(hd, rpt, kv)], 32 * rpt
         smem, stages = _smem(rt, 16 * rpt, hd, path, kv)
-        target = min(splits or _splits(rt, n_kv, smem, spec, threads), scratch.max_splits)
+        target = splits or _splits(rt, n_kv, smem, spec, threads)
+        if share_splits and not splits:
+            target = -(-2 * target // n_seq)
+        target = min(target, scratch.max_splits)
         grid_splits = max(1, min(target, -(-max_keys // tile)))
         rt.launch(
             spec,

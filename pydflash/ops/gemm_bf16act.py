@@ -32,7 +32,9 @@ TILES = {
     "w8_128x256_k32": (2, 4, 4, 8, 32, 4),
     "w4_64x128_k64": (1, 4, 4, 4, 64, 4),
 }
-DEFAULT_TILE = "w8_128x128_k32"
+DEFAULT_TILE = "w8_128x128_k64"
+SMALL_TILE = "w4_64x128_k64"  # up to SMALL_ROWS rows: half the rows of a block, twice the blocks
+SMALL_ROWS = 128
 THREADS = 256  # round_bf16's block
 EPILOGUES = ("store", "silu_mul")
 
@@ -44,7 +46,6 @@ def tile_shape(tile: str) -> tuple[int, int, int, int]:
     return bm, bn, 32 * wm * wn, stages * (bm + bn) * bk * 2
 
 
-SMEM = tile_shape(DEFAULT_TILE)[3]
 # Rows from which a batched round takes this path (fewer: the exact decode linear, which at
 # M <= 32 streams the weights once or twice anyway). The batched bucket of 4 qwen3-8b blocks
 # (M = 64) is the first where tiles of 128 rows beat re-streaming (tools/bench_round.py --batch).
@@ -67,10 +68,18 @@ GEMM = {
 }
 
 
+def pick_tile(rows: int) -> str:
+    """The tile for `rows` rows, from tools/bench_kernels.py --batched on an H200 (qwen3-8b's
+    layer: w4_64x128_k64 134 us at M = 64 against 203-255 for the 128-row tiles;
+    w8_128x128_k64 363 us at M = 256, the 128-row tiles 360-451 us)."""
+    return SMALL_TILE if rows <= SMALL_ROWS else DEFAULT_TILE
+
+
 def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
     """Whether `rows` rows through w take this path: bf16 weights, at least MIN_ROWS rows, the
     ring fits the device's shared memory."""
-    return w.fmt == "bf16" and rows >= MIN_ROWS and SMEM <= rt.smem_per_block
+    smem = tile_shape(pick_tile(rows))[3]
+    return w.fmt == "bf16" and rows >= MIN_ROWS and smem <= rt.smem_per_block
 
 
 def scratch_elements(k_max: int, rows: int) -> int:
@@ -94,14 +103,16 @@ def project(
     ksplit: int = 1,
     split_stride: int = 0,
     scratch: Any,
-    tile: str = DEFAULT_TILE,
+    tile: str | None = None,
 ) -> None:
     """out = round_bf16(x[:m]) . w^T, queued on the current stream: "store" writes `ksplit`
     partials (split z at out + z * split_stride floats, K cut as split_k_plan cuts it), which
     the consumer adds; "silu_mul" writes silu(gate) * up (gate/up rows interleaved in groups of
     8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
     multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats;
-    scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES."""
+    scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES
+    (None: by the row count, pick_tile)."""
+    tile = pick_tile(m) if tile is None else tile
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
     if tile not in TILES:
