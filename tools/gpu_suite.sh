@@ -7,7 +7,8 @@
 # checks:  load_check of every preset (bf16 and q8_0, ctx 4096), the soak, bench_round
 # kernels: bench_linear (decode linear vs its floor), bench_attention, bench_kernels
 # bench:   bench_round at ctx 4096 (qwen3-8b with --propose, gemma4-31b) and bench_kernels
-# batch:   bench_round --batch 1 .. 64 (qwen3-8b bf16, ctx 4096): batched rounds
+# batch:   bench_round --batch 1 .. 64 --profile (qwen3-8b bf16, ctx 4096; exact and bf16
+#          activations) and bench_kernels --batched (gemm_bf16act's tiles): batched rounds
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
 # Run the parts as separate device calls so each fits the 10-minute limit. Logs go to $OUT
 # (or ./gpu_logs); the summary lines print last.
@@ -57,7 +58,8 @@ if [ "$PART" = bench ]; then   # issue 10's tables at ctx 4096 and the per-kerne
   run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
 fi
 if [ "$PART" = batch ]; then   # issue 11's table: batched rounds, qwen3-8b bf16 at ctx 4096
-  run bench_batch python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 --ctx 4096 --batch 1 2 4 8 16 32 64 --rounds 50
+  run bench_batch python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 --ctx 4096 --batch 1 2 4 8 16 32 64 --rounds 50 --profile
+  run bench_batched_linears python3 tools/bench_kernels.py --batched 64 128 256 512 1024
 fi
 if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in rings)
   run bench_qwen_long python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
