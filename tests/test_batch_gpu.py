@@ -316,12 +316,14 @@ def test_bf16_activations_is_refused_when_unknown(engine, ckpts, rng):
 
 
 @pytest.mark.scale
-def test_bf16_activations_at_qwen3_8b_batch_16(engine, preset_checkpoint, rng):
-    """The benchmark's shape: 16 sequences of qwen3-8b-b16 (M = 256), ctx in the thousands."""
+@pytest.mark.parametrize("preset", ["qwen3-8b-b16", "gemma4-31b", "gpt-oss-20b-b8"])
+def test_bf16_activations_at_public_geometries_batch_16(engine, preset_checkpoint, rng, preset):
+    """16 sequences of every public geometry (qwen3-8b-b16: the benchmark's M = 256), ctx in
+    the thousands (gemma: past its 2048 window)."""
     from pydflash import DflashDraft
 
     e = engine
-    d = DflashDraft.load(e, preset_checkpoint("qwen3-8b-b16"), "bf16")
+    d = DflashDraft.load(e, preset_checkpoint(preset), "bf16")
     lens = [int(t) for t in rng.integers(500, 4096, 16)]
     worst = _bf16_vs_single(e, d, 16, lens, rng, 4200)
-    print(f"SCALE qwen3-8b-b16 B=16 activations='bf16' vs single rounds: worst rel {worst:.2e}")
+    print(f"SCALE {preset} B=16 activations='bf16' vs single rounds: worst rel {worst:.2e}")
