@@ -82,7 +82,7 @@ def flops(m: int, n: int, k: int) -> tuple[int, int]:
     return 2 * m * n * k, 4 * m * n * k
 
 
-def _row_stride(a: Any, name: str, rows: int, cols: int) -> int:
+def checked_row_stride(a: Any, name: str, rows: int, cols: int) -> int:
     """Row stride in floats of a float32 device matrix with >= rows rows of >= cols columns."""
     if not (hasattr(a, "data") and hasattr(a.data, "ptr")) or a.dtype != np.float32:
         raise ShapeError(f"{name}: expected a float32 device array")
@@ -106,8 +106,8 @@ def matmul(rt: Runtime, w: GpuTensor, x: Any, m: int, out: Any) -> None:
     n, k = w.out_features, w.in_features
     if k % BK:
         raise ShapeError(f"w: in_features {k} must be a multiple of {BK}")
-    ldx = _row_stride(x, "x", m, k)
-    ldy = _row_stride(out, "out", m, n)
+    ldx = checked_row_stride(x, "x", m, k)
+    ldy = checked_row_stride(out, "out", m, n)
     if x.data.ptr % 16 or ldx % 4:
         raise ShapeError(
             f"x: must be 16-byte aligned with a row stride that is a multiple of 4 floats "

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import DeviceError, ShapeError
 from ..kernels import Family
-from .linear_split import CHUNK, split_k_plan
+from .gemm import checked_row_stride
+from .linear_split import CHUNK, row_stride, split_k_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -127,11 +128,9 @@ def project(
             f"silu_mul: needs gate/up rows in whole groups (out_features {n} % 16 == 0) and "
             f"one K split (found {ksplit})"
         )
-    if x.dtype != np.float32 or x.ndim != 2 or x.shape[0] < m or x.shape[1] < k:
-        raise ShapeError(f"x: expected float32 [>= {m}, >= {k}], found {x.dtype} {list(x.shape)}")
-    ldx = x.strides[0] // 4
-    if x.strides[1] != 4 or ldx % 4 or x.data.ptr % 16:
-        raise ShapeError(f"x: rows must be contiguous and 16-byte aligned (strides {x.strides})")
+    ldx = checked_row_stride(x, "x", m, k)
+    if ldx % 4 or x.data.ptr % 16:  # round_bf16 reads float4s
+        raise ShapeError(f"x: rows must be 16-byte aligned (pointer, row stride {ldx} floats)")
     if scratch.dtype != np.uint16 or scratch.size < m * k or scratch.data.ptr % 16:
         raise ShapeError(
             f"scratch: expected a 16-byte-aligned uint16 device array of >= {m * k} elements"
@@ -173,7 +172,7 @@ def project(
         W=w.data,
         Xb=scratch,
         Y=out,
-        ldy=out.strides[-2] // 4 if out.ndim >= 2 else (n // 2 if epilogue == "silu_mul" else n),
+        ldy=row_stride(out, n // 2 if epilogue == "silu_mul" else n),
         M=m,
         N=n,
         K=k,
