@@ -122,6 +122,9 @@ class Family:
     module: str
     defines: dict[str, int] = dataclasses.field(default_factory=dict)
     specs: dict[str, KernelSpec] = dataclasses.field(default_factory=dict)
+    # compiled for the device's arch-specific target ("sm_90a": wgmma) rather than CuPy's
+    # portable one; its kernels run on that architecture only (their launchers check)
+    arch_specific: bool = False
 
     def kernel(self, name: str, signature: str) -> KernelSpec:
         spec = KernelSpec(self, name, parse_signature(signature))

@@ -20,8 +20,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -156,11 +158,21 @@ class Runtime:
             mod = Runtime._modules.get(key)
             if mod is None:
                 with self.device:
-                    try:
-                        mod = cp.RawModule(code=kernels.source(fam.module), options=fam.options)
-                        mod.compile()
-                    except cp.cuda.compiler.CompileException as exc:
-                        raise KernelCompileError(f"{fam.module}.cu: NVRTC failed\n{exc}") from None
+                    if fam.arch_specific:  # NVRTC for sm_XXa (CuPy would pass its own -arch)
+                        cubin = kernels.compile_for_arch(fam.module, self.arch + "a", fam.options)
+                        with tempfile.TemporaryDirectory() as tmp:
+                            path = Path(tmp) / f"{fam.module}.cubin"
+                            path.write_bytes(cubin)
+                            mod = cp.RawModule(path=str(path))
+                            mod.get_function(next(iter(fam.specs)))  # loaded before tmp goes
+                    else:
+                        try:
+                            mod = cp.RawModule(code=kernels.source(fam.module), options=fam.options)
+                            mod.compile()
+                        except cp.cuda.compiler.CompileException as exc:
+                            raise KernelCompileError(
+                                f"{fam.module}.cu: NVRTC failed\n{exc}"
+                            ) from None
                 Runtime._modules[key] = mod
             fn = self._functions[spec] = mod.get_function(spec.name)
         return fn

@@ -100,3 +100,24 @@ def test_refusals_name_the_argument():
                 tile=args["tile"],
             )
     assert not launches  # nothing launched by a refused call
+
+
+def test_the_wgmma_tile_launches_on_sm_90_only():
+    from pydflash.errors import DeviceError
+
+    m, n, k = 256, 384, 128
+    rt, launches = recording_rt()
+    args = (fake_w(n=n, k=k), FakeArray((m, k)), m, FakeArray((2, m, n)))
+    scratch = Scratch((m * k,), dtype=np.uint16)
+    rt.arch = "sm_89"
+    with pytest.raises(DeviceError, match="sm_90"):
+        gemm_bf16act.project(rt, *args, ksplit=2, scratch=scratch, tile=gemm_bf16act.WGMMA_TILE)
+    assert not launches
+    rt.arch = "sm_90"
+    gemm_bf16act.project(
+        rt, *args, ksplit=2, split_stride=m * n, scratch=scratch, tile=gemm_bf16act.WGMMA_TILE
+    )
+    (_, _, _, _), (name, grid, smem, a) = launches
+    assert name == "gemm_bf16act_store_wgmma" and grid == (2, 3, 2)
+    assert smem == gemm_bf16act.WGMMA_STAGES * 32 * 1024 + 1024
+    assert a["chunks_per_split"] == 2 and a["split_stride"] == m * n

@@ -37,6 +37,18 @@ def test_family_compiles_for_sm_90(module):
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000  # a real device ELF image
 
 
+@pytest.mark.parametrize("module", sorted(m for m, f in FAMILIES.items() if f.arch_specific))
+def test_arch_specific_families_compile_for_sm_90a_with_their_instructions(module):
+    """What the runtime loads on sm_90 (Runtime.function: NVRTC for sm_90a); elsewhere the
+    entries are traps (compiled above) that the launchers never reach."""
+    fam = FAMILIES[module]
+    ptx = kernels.compile_for_arch(module, "sm_90a", fam.options, ptx=True).decode()
+    assert "wgmma.mma_async" in ptx and "fence.proxy.async" in ptx
+    assert set(kernels.ptx_entries(ptx)) == set(fam.specs)
+    cubin = kernels.compile_for_arch(module, "sm_90a", fam.options)
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 10000
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "sm_90"])
 @pytest.mark.parametrize("module", sorted(FAMILIES))
