@@ -121,3 +121,13 @@ def test_the_wgmma_tile_launches_on_sm_90_only():
     assert name == "gemm_bf16act_store_wgmma" and grid == (2, 3, 2)
     assert smem == gemm_bf16act.WGMMA_STAGES * 32 * 1024 + 1024
     assert a["chunks_per_split"] == 2 and a["split_stride"] == m * n
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_120", None])
+def test_pick_tile_takes_wgmma_on_sm_90_above_the_small_rows(arch):
+    small = gemm_bf16act.SMALL_ROWS
+    assert gemm_bf16act.pick_tile(64, arch) == gemm_bf16act.SMALL_TILE
+    assert gemm_bf16act.pick_tile(small, arch) == gemm_bf16act.SMALL_TILE
+    large = gemm_bf16act.WGMMA_TILE if arch == "sm_90" else gemm_bf16act.DEFAULT_TILE
+    assert gemm_bf16act.pick_tile(small + 1, arch) == large
+    assert gemm_bf16act.pick_tile(4096, arch) == large

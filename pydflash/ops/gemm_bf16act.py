@@ -79,17 +79,20 @@ GEMM.update(
 )
 
 
-def pick_tile(rows: int) -> str:
-    """The tile for `rows` rows, from tools/bench_kernels.py --batched on an H200 (qwen3-8b's
-    layer: w4_64x128_k64 134 us at M = 64 against 203-255 for the 128-row tiles;
-    w8_128x128_k64 363 us at M = 256, the 128-row tiles 360-451 us)."""
-    return SMALL_TILE if rows <= SMALL_ROWS else DEFAULT_TILE
+def pick_tile(rows: int, arch: str | None = None) -> str:
+    """The tile for `rows` rows on `arch`, from tools/bench_kernels.py --batched on an H200
+    (qwen3-8b's layer: w4_64x128_k64 133 us at M = 64 against 145 for wgmma and 203-255 for the
+    other 128-row tiles; at M = 256 wgmma 249 us, w8_128x128_k64 368 us; at M = 1024 wgmma
+    1040 us, w8_128x128_k64 1359 us)."""
+    if rows <= SMALL_ROWS:
+        return SMALL_TILE
+    return WGMMA_TILE if arch == "sm_90" else DEFAULT_TILE
 
 
 def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
     """Whether `rows` rows through w take this path: bf16 weights, at least MIN_ROWS rows, the
     ring fits the device's shared memory."""
-    smem = tile_shape(pick_tile(rows))[3]
+    smem = tile_shape(pick_tile(rows, getattr(rt, "arch", None)))[3]
     return w.fmt == "bf16" and rows >= MIN_ROWS and smem <= rt.smem_per_block
 
 
@@ -121,9 +124,9 @@ def project(
     the consumer adds; "silu_mul" writes silu(gate) * up (gate/up rows interleaved in groups of
     8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
     multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats;
-    scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES
-    (None: by the row count, pick_tile)."""
-    tile = pick_tile(m) if tile is None else tile
+    scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES or
+    WGMMA_TILE (None: by the row count and the device, pick_tile)."""
+    tile = pick_tile(m, getattr(rt, "arch", None)) if tile is None else tile
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
     if tile not in TILES and tile != WGMMA_TILE:
