@@ -612,8 +612,9 @@ __device__ __forceinline__ void attn_partial_tc_impl(
 // tile buffers (row-major [key][dim], rows padded by 16 bytes: conflict-free fragment loads),
 // and feed the MMAs directly: K's B fragments by 32-bit shared loads, V's by ldmatrix.trans.
 // bf16 K/V are exact MMA operands, so S = q_hi.k + q_lo.k and O += p_hi.v + p_lo.v: two MMAs
-// a product.
-template <int HD, int W>
+// a product. SPLIT = false (attn_partial_tcr: batched rounds with bf16 activations, which waive
+// bit-equality with single rounds) rounds q and p to bf16 instead: one MMA a product.
+template <int HD, int W, bool SPLIT>
 __device__ __forceinline__ void attn_partial_tcb_impl(
     const float* __restrict__ q, long long ldq, const bf16_bits* __restrict__ K,
     const bf16_bits* __restrict__ V, long long ldkv, const int* __restrict__ qpos,
@@ -696,8 +697,10 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
             }
 #pragma unroll
             for (int j = 0; j < NS; ++j) mma_bf16(sacc[j], rows.qa_hi[s], b0[j], b1[j]);
+            if (SPLIT) {
 #pragma unroll
-            for (int j = 0; j < NS; ++j) mma_bf16(sacc[j], rows.qa_lo[s], b0[j], b1[j]);
+                for (int j = 0; j < NS; ++j) mma_bf16(sacc[j], rows.qa_lo[s], b0[j], b1[j]);
+            }
         }
         tc_softmax(sacc, o, m_run, l_run, rows, kp + slot * TT, kt, k_end, window, causal_rows,
                    first_block_key, scale);
@@ -721,10 +724,12 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
                     mma_bf16(o[nt + 2 * q2], pa_hi, vb[q2][0], vb[q2][1]);
                     mma_bf16(o[nt + 2 * q2 + 1], pa_hi, vb[q2][2], vb[q2][3]);
                 }
+                if (SPLIT) {
 #pragma unroll
-                for (int q2 = 0; q2 < NG / 2; ++q2) {
-                    mma_bf16(o[nt + 2 * q2], pa_lo, vb[q2][0], vb[q2][1]);
-                    mma_bf16(o[nt + 2 * q2 + 1], pa_lo, vb[q2][2], vb[q2][3]);
+                    for (int q2 = 0; q2 < NG / 2; ++q2) {
+                        mma_bf16(o[nt + 2 * q2], pa_lo, vb[q2][0], vb[q2][1]);
+                        mma_bf16(o[nt + 2 * q2 + 1], pa_lo, vb[q2][2], vb[q2][3]);
+                    }
                 }
             }
         }
@@ -733,6 +738,14 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
     tc_store<ND, HD>(o, m_run, l_run, n_q, n_head, G, R, kvh, split, o_part, ml_part);
 }
 
+#define ATT_TC_IMPL_PARAMS                                                                     \
+    const float *q, long long ldq, const bf16_bits *K, const bf16_bits *V, long long ldkv,     \
+        const int *qpos, const int *kpos, int n_q, int n_keys, const int *n_keys_base,         \
+        int n_splits, int n_head, int n_kv, int window, int causal_rows, int q_row0,           \
+        float scale, int ring, int key_window, float *o_part, float *ml_part
+#define ATT_TC_IMPL_ARGS                                                                        \
+    q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base, n_splits, n_head, n_kv, window, \
+        causal_rows, q_row0, scale, ring, key_window, o_part, ml_part
 #define ATT_TC_ENTRY(NAME, IMPL, T, HD, W)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * W) NAME##_h##HD##_w##W(                     \
         const float* q, long long ldq, const T* K, const T* V, long long ldkv, const int* qpos,   \
@@ -743,15 +756,28 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
         IMPL<HD, W>(q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base, n_splits, n_head,   \
                     n_kv, window, causal_rows, q_row0, scale, ring, key_window, o_part, ml_part); \
     }
-#define ATT_TC_ENTRIES(HD)                                                  \
-    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 1)       \
-    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 2)       \
-    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 4)       \
-    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 8)       \
-    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_impl, bf16_bits, HD, 1) \
-    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_impl, bf16_bits, HD, 2) \
-    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_impl, bf16_bits, HD, 4) \
-    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_impl, bf16_bits, HD, 8)
+// the bf16-K/V kernels: q and p split hi/lo (tcb) or rounded to bf16 (tcr)
+template <int HD, int W>
+__device__ __forceinline__ void attn_partial_tcb_split(ATT_TC_IMPL_PARAMS) {
+    attn_partial_tcb_impl<HD, W, true>(ATT_TC_IMPL_ARGS);
+}
+template <int HD, int W>
+__device__ __forceinline__ void attn_partial_tcr_impl(ATT_TC_IMPL_PARAMS) {
+    attn_partial_tcb_impl<HD, W, false>(ATT_TC_IMPL_ARGS);
+}
+#define ATT_TC_ENTRIES(HD)                                                   \
+    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 1)        \
+    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 2)        \
+    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 4)        \
+    ATT_TC_ENTRY(attn_partial_tc, attn_partial_tc_impl, float, HD, 8)        \
+    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_split, bf16_bits, HD, 1) \
+    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_split, bf16_bits, HD, 2) \
+    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_split, bf16_bits, HD, 4) \
+    ATT_TC_ENTRY(attn_partial_tcb, attn_partial_tcb_split, bf16_bits, HD, 8) \
+    ATT_TC_ENTRY(attn_partial_tcr, attn_partial_tcr_impl, bf16_bits, HD, 1)  \
+    ATT_TC_ENTRY(attn_partial_tcr, attn_partial_tcr_impl, bf16_bits, HD, 2)  \
+    ATT_TC_ENTRY(attn_partial_tcr, attn_partial_tcr_impl, bf16_bits, HD, 4)  \
+    ATT_TC_ENTRY(attn_partial_tcr, attn_partial_tcr_impl, bf16_bits, HD, 8)
 ATT_TC_ENTRIES(16)
 ATT_TC_ENTRIES(32)
 ATT_TC_ENTRIES(64)

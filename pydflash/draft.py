@@ -357,7 +357,7 @@ class DflashDraft(BatchApi):
                 ring=kv.layer_ring(li, c),
                 key_window=kv.layer_keys(li, c),
                 seqs=seqs(li),
-                share_splits=batch is not None and batch.scratch is not None,  # bf16 activations
+                rounded=batch is not None and batch.scratch is not None,  # bf16 activations
             )
             # x += o(attn) + o_bias; xn = post_attention_layernorm(x)
             project(e, layer.o, buf.attn, m, buf.x_part, ksplit=buf.ks_o, split_stride=x_stride)

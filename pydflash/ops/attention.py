@@ -68,11 +68,14 @@ FFMA = {
     for kv, shapes in _FFMA_SHAPES.items()
     for rpt, orpt in shapes
 }
+# kv: "f32", "bf16" (q and p split hi/lo: two MMAs a product), or "bf16r" (q and p rounded to
+# bf16, one MMA: the batched rounds' bf16-activation mode)
+_TC_NAME = {"f32": "tc", "bf16": "tcb", "bf16r": "tcr"}
 TC = {
     (hd, w, kv): FAMILY.kernel(
-        f"attn_partial_tc{'' if kv == 'f32' else 'b'}_h{hd}_w{w}", _sig(_CTYPE[kv])
+        f"attn_partial_{_TC_NAME[kv]}_h{hd}_w{w}", _sig(_CTYPE["f32" if kv == "f32" else "bf16"])
     )
-    for kv in ("f32", "bf16")
+    for kv in ("f32", "bf16", "bf16r")
     for hd in TC_HEAD_DIMS
     for w in (1, 2, 4, 8)
 }
@@ -214,7 +217,7 @@ def attend(
     key_window: int = 0,
     splits: int | None = None,
     seqs: Seqs | None = None,
-    share_splits: bool = False,
+    rounded: bool = False,
 ) -> None:
     """Split-KV attention (partial + combine launches) in query chunks of at most scratch.n_q
     rows. Query at position p sees key j iff window == 0 or |p - pos_j| <= window - 1; with
@@ -228,10 +231,11 @@ def attend(
     blocks to fill the SMs, at most scratch.max_splits). seqs: a batch of sequences (grid z;
     pydflash.ops.seqs): q, q_pos, out and n_keys_base hold m rows / one round state a
     sequence, k, v, k_pos are slot 0 of the pool; None = one sequence. The split plan depends
-    on the geometry and the device only, so a sequence's result equals its single run; with
-    share_splits the default target is shared among the sequences (about 2 * target / B splits
-    each: longer splits, fewer partials to combine), which changes a sequence's summation
-    order: only for batched rounds that waive bit-equality with single rounds."""
+    on the geometry and the device only, so a sequence's result equals its single run.
+    rounded: the batched rounds' bf16-activation mode, which waives that equality: the default
+    split target is shared among the sequences (about 2 * target / B splits each: longer
+    splits, fewer partials to combine) and bf16 K/V on the tensor cores take q and p rounded
+    to bf16 (one MMA a product instead of the hi/lo two)."""
     n_seq = seqs_count(seqs)
     if n_seq > scratch.seqs:
         raise GeometryError(f"attention: {n_seq} sequences, scratch sized for {scratch.seqs}")
@@ -251,10 +255,10 @@ def attend(
         if path == "ffma":
             spec, threads = FFMA[(rpt, max(1, 16 * rpt * hd // 1024), kv)], THREADS
         else:  # one warp per 16 query rows
-            spec, threads = TC[(hd, rpt, kv)], 32 * rpt
+            spec, threads = TC[(hd, rpt, "bf16r" if rounded and kv == "bf16" else kv)], 32 * rpt
         smem, stages = _smem(rt, 16 * rpt, hd, path, kv)
         target = splits or _splits(rt, n_kv, smem, spec, threads)
-        if share_splits and not splits:
+        if rounded and not splits:
             target = -(-2 * target // n_seq)
         target = min(target, scratch.max_splits)
         grid_splits = max(1, min(target, -(-max_keys // tile)))
