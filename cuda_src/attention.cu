@@ -366,6 +366,16 @@ ATT_ENTRY(attn_partial_bf16, bf16_bits, 2, 8)
 ATT_ENTRY(attn_partial_bf16, bf16_bits, 4, 16)
 ATT_ENTRY(attn_partial_bf16, bf16_bits, 8, 32)
 
+// e^x (accurate expf), or 2^x by ex2.approx (EXP2: the rounded kernels' log2-unit scores;
+// ex2.approx(-inf) = +0 as masked keys need)
+template <bool EXP2>
+__device__ __forceinline__ float tc_exp(float x) {
+    if (!EXP2) return expf(x);
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // -- tensor-core partials (every precision but f32, head_dim <= 128) ---------------------------
 // Warp w owns the 16 query rows 16w.. (W = RP/16 warps). Q lives in registers as bf16 hi/lo A
 // fragments (~16 mantissa bits). The softmax runs on the S accumulators, whose layout is the A
@@ -407,25 +417,43 @@ struct TcRows {
 };
 
 // Mask and online softmax of one tile's scores (S accumulators of NS n-tiles of 8 keys: c0,c1
-// -> row g, keys 8j+2t, +1; c2,c3 -> row g+8), leaving P in sacc, O rescaled.
-template <int NS, int ND, int HD>
+// -> row g, keys 8j+2t, +1; c2,c3 -> row g+8), leaving P in sacc, O rescaled. `full`: every key
+// of the tile is in range and visible to every row (no window, before the causal block; the
+// caller's block-uniform test), so the per-key mask is skipped: the same values for the rows
+// the partial stores (a padding row past R is never stored). An O rescale by exactly 1 is
+// skipped too (the product would be O itself).
+// EXP2 (the rounded tcr kernels only, which waive bit-equality): `scale` carries log2(e), the
+// scores are in log2 units and the exponentials are ex2.approx (two instructions instead of
+// expf's accurate sequence); tc_store converts the running max back to natural-log units.
+template <int NS, int ND, int HD, bool EXP2 = false>
 __device__ __forceinline__ void tc_softmax(float (&sacc)[NS][4], float (&o)[ND][4],
                                            float (&m_run)[2], float (&l_run)[2],
                                            const TcRows<HD>& rows, const int* kpos_s, int kt,
                                            int k_end, int window, int causal_rows,
-                                           int first_block_key, float scale) {
+                                           int first_block_key, float scale, bool full) {
     const int t = threadIdx.x & 3;
     float mt[2] = {neg_inf(), neg_inf()};
+    if (full) {
 #pragma unroll
-    for (int j = 0; j < NS; ++j) {
+        for (int j = 0; j < NS; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int h = e >> 1, key = 8 * j + 2 * t + (e & 1);
-            bool ok = kt + key < k_end && rows.ok[h];
-            if (ok && window > 0) ok = abs(rows.qp[h] - kpos_s[key]) <= window - 1;
-            if (ok && causal_rows > 0) ok = kt + key - first_block_key <= rows.qidx[h];
-            sacc[j][e] = ok ? sacc[j][e] * scale : neg_inf();
-            mt[h] = fmaxf(mt[h], sacc[j][e]);
+            for (int e = 0; e < 4; ++e) {
+                sacc[j][e] *= scale;
+                mt[e >> 1] = fmaxf(mt[e >> 1], sacc[j][e]);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1, key = 8 * j + 2 * t + (e & 1);
+                bool ok = kt + key < k_end && rows.ok[h];
+                if (ok && window > 0) ok = abs(rows.qp[h] - kpos_s[key]) <= window - 1;
+                if (ok && causal_rows > 0) ok = kt + key - first_block_key <= rows.qidx[h];
+                sacc[j][e] = ok ? sacc[j][e] * scale : neg_inf();
+                mt[h] = fmaxf(mt[h], sacc[j][e]);
+            }
         }
     }
     float alpha[2];
@@ -434,7 +462,7 @@ __device__ __forceinline__ void tc_softmax(float (&sacc)[NS][4], float (&o)[ND][
         mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
         mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
         const float m_new = fmaxf(m_run[h], mt[h]);
-        alpha[h] = m_new == neg_inf() ? 1.f : expf(m_run[h] - m_new);
+        alpha[h] = m_new == neg_inf() ? 1.f : tc_exp<EXP2>(m_run[h] - m_new);
         m_run[h] = m_new;
     }
     float rs[2] = {0.f, 0.f};
@@ -443,18 +471,20 @@ __device__ __forceinline__ void tc_softmax(float (&sacc)[NS][4], float (&o)[ND][
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int h = e >> 1;
-            sacc[j][e] = m_run[h] == neg_inf() ? 0.f : expf(sacc[j][e] - m_run[h]);
+            sacc[j][e] = m_run[h] == neg_inf() ? 0.f : tc_exp<EXP2>(sacc[j][e] - m_run[h]);
             rs[h] += sacc[j][e];
         }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + rs[h];  // per-thread part
+    if (alpha[0] != 1.f || alpha[1] != 1.f) {
 #pragma unroll
-    for (int n = 0; n < ND; ++n) {
-        o[n][0] *= alpha[0];
-        o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1];
-        o[n][3] *= alpha[1];
+        for (int n = 0; n < ND; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
     }
 }
 
@@ -469,7 +499,7 @@ __device__ __forceinline__ void p_fragments(const float (&sacc)[NS][4], int s, u
 }
 
 // Row sums across the 4 lanes of a row; the partials out as attn_partial writes them.
-template <int ND, int HD>
+template <int ND, int HD, bool EXP2 = false>
 __device__ __forceinline__ void tc_store(const float (&o)[ND][4], const float (&m_run)[2],
                                          const float (&l_run)[2], int n_q, int n_head, int G, int R,
                                          int kvh, int split, float* o_part, float* ml_part) {
@@ -489,7 +519,7 @@ __device__ __forceinline__ void tc_store(const float (&o)[ND][4], const float (&
             *reinterpret_cast<float2*>(o_part + row * HD + 8 * n + 2 * t) =
                 make_float2(o[n][2 * h], o[n][2 * h + 1]);
         if (t == 0) {
-            ml_part[row * 2] = m_run[h];
+            ml_part[row * 2] = EXP2 ? m_run[h] * 0.69314718055994531f : m_run[h];  // ln 2
             ml_part[row * 2 + 1] = l;
         }
     }
@@ -591,8 +621,10 @@ __device__ __forceinline__ void attn_partial_tc_impl(
                            (8 * j + g) * BS + 16 * s + 2 * t);
             }
         }
+        const bool full = kt + TT <= k_end && window <= 0 &&
+                          (causal_rows <= 0 || kt + TT <= first_block_key);
         tc_softmax(sacc, o, m_run, l_run, rows, kpos_s, kt, k_end, window, causal_rows,
-                   first_block_key, scale);
+                   first_block_key, scale, full);
         // O += P V: k-steps of 16 keys; P's A fragment = S accumulators of n-tiles 2s, 2s+1
 #pragma unroll
         for (int s = 0; s < TT / 16; ++s) {
@@ -666,6 +698,7 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
     TcRows<HD> rows;
     rows.load(q, ldq, qpos, n_q, R, G, kvh, q_row0);
     const int first_block_key = n - causal_rows;  // causal: the block rows' keys
+    const float scale_s = SPLIT ? scale : scale * 1.4426950408889634f;  // tcr: log2 units
     float o[ND][4];
 #pragma unroll
     for (int i = 0; i < ND; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -702,8 +735,10 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
                 for (int j = 0; j < NS; ++j) mma_bf16(sacc[j], rows.qa_lo[s], b0[j], b1[j]);
             }
         }
-        tc_softmax(sacc, o, m_run, l_run, rows, kp + slot * TT, kt, k_end, window, causal_rows,
-                   first_block_key, scale);
+        const bool full = kt + TT <= k_end && window <= 0 &&
+                          (causal_rows <= 0 || kt + TT <= first_block_key);
+        tc_softmax<NS, ND, HD, !SPLIT>(sacc, o, m_run, l_run, rows, kp + slot * TT, kt, k_end,
+                                       window, causal_rows, first_block_key, scale_s, full);
         // O += P V: per k-step of 16 keys, each ldmatrix.trans gives the B fragments of two
         // n-tiles (lanes 0-7: keys 0-7 / dims 8n..; 8-15: keys 8-15; 16-23, 24-31: dims
         // 8n+8..); NG n-tiles at a time, hi products then lo ones (NG independent MMAs apart)
@@ -735,7 +770,7 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
         }
     }
     cp_async_wait<0>();
-    tc_store<ND, HD>(o, m_run, l_run, n_q, n_head, G, R, kvh, split, o_part, ml_part);
+    tc_store<ND, HD, !SPLIT>(o, m_run, l_run, n_q, n_head, G, R, kvh, split, o_part, ml_part);
 }
 
 #define ATT_TC_IMPL_PARAMS                                                                     \
