@@ -6,8 +6,7 @@
 // Compiled for sm_90a only (pydflash.kernels: Family(arch_specific=True); wgmma does not exist
 // on other targets, where the entries trap and pydflash never launches them).
 //
-// A block: NWG warpgroups (2: 128 x 128, 4: 256 x 128) own 64 NWG rows of X (64 each) by 128 rows
-// of W; K in 64-wide
+// A block: 2 warpgroups (256 threads) own 128 rows of X (64 each) by 128 rows of W; K in 64-wide
 // tiles (128-byte shared rows) through a STAGES-deep cp.async ring, DIST tiles loaded ahead. The tiles are stored in
 // the canonical 128-byte-swizzled K-major layout (16-byte chunk c of row r at chunk c ^ (r & 7),
 // each tile 1024-byte aligned), described to wgmma by a shared-memory descriptor (start >> 4,
@@ -23,16 +22,15 @@
 //
 // Preconditions (the launcher's): K % 32 == 0, W and Xb 16-byte aligned, N % 16 == 0 for
 // silu_mul. Grid: x = M tiles, y = N tiles, z = K splits; dynamic shared memory
-// STAGES * (64 NWG + 128) * 128 bytes + 1 KiB (the 1024-byte alignment of the ring).
+// STAGES * 32 KiB + 1 KiB (the 1024-byte alignment of the ring).
 #include "common.cuh"
 
-// NWG warpgroups a block (2 or 4), 64 rows of X each: a block's X tile is 64 * NWG rows
+#define WG_BM 128
 #define WG_BN 128
 #define WG_BK 64
-#define WG_ROW_BYTES 128                       // 64 bf16 of a K tile
-#define WG_W_BYTES (WG_BN * WG_ROW_BYTES)      // W's 128 rows
-#define WG_X_BYTES(NWG) (64 * (NWG) * WG_ROW_BYTES)
-#define WG_STAGE_BYTES(NWG) (WG_X_BYTES(NWG) + WG_W_BYTES)
+#define WG_THREADS 256
+#define WG_TILE_BYTES (128 * 128)  // 128 rows of 64 bf16
+#define WG_STAGE_BYTES (2 * WG_TILE_BYTES)
 #define WG_EPI_STORE 0
 #define WG_EPI_SILU_MUL 1
 
@@ -105,33 +103,25 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long l
 }
 
 // k-tile kt of the split (32-chunks c0 + 2 kt, + 1) of X rows m0.. and W rows n0.. into a stage:
-// 64 * NWG rows of X then 128 of W, 8 chunks a row, four X chunks per thread and 512 / NWG
-// W chunks spread over the block's 128 * NWG threads; rows past M or N and 32-chunks at or past
-// c_end zero-filled.
-template <int NWG>
+// 128 rows x 8 chunks of each operand, four of each per thread; rows past M or N and 32-chunks
+// at or past c_end zero-filled.
 __device__ __forceinline__ void wg_load(unsigned char* stage, const bf16_bits* Xb,
                                         const bf16_bits* W, int M, int N, int K, int m0, int n0,
                                         int c0, int c_end, int kt, int tid) {
-    constexpr int THREADS = 128 * NWG;
     const int k0 = (c0 + 2 * kt) * 32;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // X: 64 * NWG rows x 8 chunks
-        const int c = tid + i * THREADS, r = c >> 3, q = c & 7;
+    for (int i = 0; i < 4; ++i) {
+        const int c = tid + i * WG_THREADS, r = c >> 3, q = c & 7;
         const int k = k0 + q * 8;
-        const bool ok = m0 + r < M && k < c_end * 32;
-        cp_async16(stage + wg_at(r, q), ok ? Xb + (long long)(m0 + r) * K + k : Xb, ok);
-    }
-#pragma unroll
-    for (int i = 0; i < 1024 / THREADS; ++i) {  // W: 128 rows x 8 chunks
-        const int c = tid + i * THREADS, r = c >> 3, q = c & 7;
-        const int k = k0 + q * 8;
-        const bool ok = n0 + r < N && k < c_end * 32;
-        cp_async16(stage + WG_X_BYTES(NWG) + wg_at(r, q), ok ? W + (long long)(n0 + r) * K + k : W,
-                   ok);
+        const bool kin = k < c_end * 32;
+        const bool ok_x = m0 + r < M && kin, ok_w = n0 + r < N && kin;
+        cp_async16(stage + wg_at(r, q), ok_x ? Xb + (long long)(m0 + r) * K + k : Xb, ok_x);
+        cp_async16(stage + WG_TILE_BYTES + wg_at(r, q), ok_w ? W + (long long)(n0 + r) * K + k : W,
+                   ok_w);
     }
 }
 
-template <int EPI, int NWG, int STAGES, int DIST, int PENDING>
+template <int EPI, int STAGES, int DIST, int PENDING>
 __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
                                          const bf16_bits* __restrict__ Xb, float* __restrict__ Y,
                                          long long ldy, int M, int N, int K, int chunks_per_split,
@@ -143,8 +133,7 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
     unsigned char* ring = wg_smem_raw + ((1024 - (base & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3, wg = warp >> 2, wq = warp & 3;
-    const int m0 = blockIdx.x * 64 * NWG, n0 = blockIdx.y * WG_BN;
-    constexpr int STAGE_BYTES = WG_STAGE_BYTES(NWG);
+    const int m0 = blockIdx.x * WG_BM, n0 = blockIdx.y * WG_BN;
     const int c0 = blockIdx.z * chunks_per_split;
     const int c_end = min(K / 32, c0 + chunks_per_split);
     const int nk = max(0, (c_end - c0 + 1) / 2);
@@ -157,7 +146,7 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
     static_assert(DIST >= 1 && PENDING >= 0 && DIST <= STAGES - 1 - PENDING, "ring reuse");
 #pragma unroll
     for (int s = 0; s < DIST; ++s) {
-        if (s < nk) wg_load<NWG>(ring + s * STAGE_BYTES, Xb, W, M, N, K, m0, n0, c0, c_end, s, tid);
+        if (s < nk) wg_load(ring + s * WG_STAGE_BYTES, Xb, W, M, N, K, m0, n0, c0, c_end, s, tid);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; ++kt) {
@@ -166,12 +155,12 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
         __syncthreads();  // everyone's have; every warpgroup is done with tile kt - 1 - PENDING
         const int next = kt + DIST;  // into the stage of tile next - STAGES <= kt - 1 - PENDING
         if (next < nk)
-            wg_load<NWG>(ring + (next % STAGES) * STAGE_BYTES, Xb, W, M, N, K, m0, n0, c0, c_end,
-                         next, tid);
+            wg_load(ring + (next % STAGES) * WG_STAGE_BYTES, Xb, W, M, N, K, m0, n0, c0, c_end,
+                    next, tid);
         cp_async_commit();
-        const unsigned char* xs = ring + (kt % STAGES) * STAGE_BYTES;
-        const unsigned long long a = wg_desc(xs + wg * 64 * WG_ROW_BYTES);  // its 64 rows
-        const unsigned long long b = wg_desc(xs + WG_X_BYTES(NWG));
+        const unsigned char* xs = ring + (kt % STAGES) * WG_STAGE_BYTES;
+        const unsigned long long a = wg_desc(xs + wg * 64 * 128);  // this warpgroup's 64 rows
+        const unsigned long long b = wg_desc(xs + WG_TILE_BYTES);
         wg_fence_operands(d);
         wg_fence();
 #pragma unroll
@@ -212,20 +201,18 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
 #endif
 }
 
-// The pipelines pydflash/ops/gemm_bf16act.py's WGMMA_TILES names: (NWG, STAGES, DIST, PENDING)
-#define WG_ENTRY(name, EPI, NWG, STAGES, DIST, PENDING)                                        \
-    extern "C" __global__ void __launch_bounds__(128 * NWG)                                    \
+// The pipelines pydflash/ops/gemm_bf16act.py's WGMMA_TILES names: (STAGES, DIST, PENDING)
+#define WG_ENTRY(name, EPI, STAGES, DIST, PENDING)                                             \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS)                                   \
         name(const bf16_bits* W, const bf16_bits* Xb, float* Y, long long ldy, int M, int N,   \
              int K, int chunks_per_split, long long split_stride) {                            \
-        wg_tiles<EPI, NWG, STAGES, DIST, PENDING>(W, Xb, Y, ldy, M, N, K, chunks_per_split,    \
-                                                  split_stride);                               \
+        wg_tiles<EPI, STAGES, DIST, PENDING>(W, Xb, Y, ldy, M, N, K, chunks_per_split,         \
+                                             split_stride);                                    \
     }
-#define WG_ENTRIES(suffix, NWG, STAGES, DIST, PENDING)                                         \
-    WG_ENTRY(gemm_bf16act_store_wgmma##suffix, WG_EPI_STORE, NWG, STAGES, DIST, PENDING)       \
-    WG_ENTRY(gemm_bf16act_silu_mul_wgmma##suffix, WG_EPI_SILU_MUL, NWG, STAGES, DIST, PENDING)
-WG_ENTRIES(, 2, 3, 2, 0)
-WG_ENTRIES(_s3p1, 2, 3, 1, 1)
-WG_ENTRIES(_s4p1, 2, 4, 2, 1)
-WG_ENTRIES(_s6p1, 2, 6, 4, 1)
-WG_ENTRIES(_m256, 4, 3, 2, 0)
-WG_ENTRIES(_m256_s4p1, 4, 4, 2, 1)
+#define WG_ENTRIES(suffix, STAGES, DIST, PENDING)                                              \
+    WG_ENTRY(gemm_bf16act_store_wgmma##suffix, WG_EPI_STORE, STAGES, DIST, PENDING)            \
+    WG_ENTRY(gemm_bf16act_silu_mul_wgmma##suffix, WG_EPI_SILU_MUL, STAGES, DIST, PENDING)
+WG_ENTRIES(, 3, 2, 0)
+WG_ENTRIES(_s3p1, 3, 1, 1)
+WG_ENTRIES(_s4p1, 4, 2, 1)
+WG_ENTRIES(_s6p1, 6, 4, 1)

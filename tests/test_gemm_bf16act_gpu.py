@@ -20,8 +20,6 @@ TILES = [
     "wgmma_128x128_k64_s3p1",
     "wgmma_128x128_k64_s4p1",
     "wgmma_128x128_k64_s6p1",
-    "wgmma_256x128_k64",
-    "wgmma_256x128_k64_s4p1",
 ]  # gemm_bf16act.TILES and WGMMA_TILES, every one checked
 
 

@@ -34,16 +34,14 @@ TILES = {
     "w4_64x128_k64": (1, 4, 4, 4, 64, 4),
 }
 # sm_90 only: gemm_bf16act_sm90.cu, warpgroup MMAs (wgmma) reading both operands from shared
-# memory; blocks of NWG warpgroups (64 rows of X each) by 128 rows of W, K tiles of 64. name ->
-# (kernel suffix, NWG, STAGES of the ring, PENDING tiles of MMAs left in flight across a
-# barrier); tiles load STAGES - 1 - PENDING ahead.
+# memory; 128 x 128 blocks of 2 warpgroups, K tiles of 64. name -> (kernel suffix, STAGES of
+# the ring, PENDING tiles of MMAs left in flight across a barrier); tiles load STAGES - 1 -
+# PENDING ahead.
 WGMMA_TILES = {
-    "wgmma_128x128_k64": ("", 2, 3, 0),
-    "wgmma_128x128_k64_s3p1": ("_s3p1", 2, 3, 1),
-    "wgmma_128x128_k64_s4p1": ("_s4p1", 2, 4, 1),
-    "wgmma_128x128_k64_s6p1": ("_s6p1", 2, 6, 1),
-    "wgmma_256x128_k64": ("_m256", 4, 3, 0),
-    "wgmma_256x128_k64_s4p1": ("_m256_s4p1", 4, 4, 1),
+    "wgmma_128x128_k64": ("", 3, 0),
+    "wgmma_128x128_k64_s3p1": ("_s3p1", 3, 1),
+    "wgmma_128x128_k64_s4p1": ("_s4p1", 4, 1),
+    "wgmma_128x128_k64_s6p1": ("_s6p1", 6, 1),
 }
 WGMMA_TILE = "wgmma_128x128_k64"
 DEFAULT_TILE = "w8_128x128_k64"
@@ -56,8 +54,7 @@ EPILOGUES = ("store", "silu_mul")
 def tile_shape(tile: str) -> tuple[int, int, int, int]:
     """(rows of X, rows of W, threads, dynamic shared memory bytes) of a block of `tile`."""
     if tile in WGMMA_TILES:  # + 1 KiB: the ring starts at a 1024-byte boundary (the swizzle)
-        _, nwg, stages, _ = WGMMA_TILES[tile]
-        return 64 * nwg, 128, 128 * nwg, stages * (64 * nwg + 128) * 128 + 1024
+        return 128, 128, 256, WGMMA_TILES[tile][1] * 2 * 128 * 128 + 1024
     wm, wn, mt, nt, bk, stages = TILES[tile]
     bm, bn = wm * mt * 16, wn * nt * 8
     return bm, bn, 32 * wm * wn, stages * (bm + bn) * bk * 2
@@ -88,7 +85,7 @@ GEMM.update(
     {
         (epi, tile): FAMILY_SM90.kernel(f"gemm_bf16act_{epi}_wgmma{suffix}", _SIG)
         for epi in EPILOGUES
-        for tile, (suffix, _, _, _) in WGMMA_TILES.items()
+        for tile, (suffix, _, _) in WGMMA_TILES.items()
     }
 )
 
