@@ -7,14 +7,12 @@
 // on other targets, where the entries trap and pydflash never launches them).
 //
 // A block: 2 warpgroups (256 threads) own 128 rows of X (64 each) by 128 rows of W; K in 64-wide
-// tiles (128-byte shared rows) through a STAGES-deep cp.async ring, DIST tiles loaded ahead. The tiles are stored in
+// tiles (128-byte shared rows) through a WG_STAGES-deep cp.async ring. The tiles are stored in
 // the canonical 128-byte-swizzled K-major layout (16-byte chunk c of row r at chunk c ^ (r & 7),
 // each tile 1024-byte aligned), described to wgmma by a shared-memory descriptor (start >> 4,
 // stride between 8-row groups 1024 bytes, swizzle mode 128B); the k-step s of a tile starts 32 *
 // s bytes in. Per tile each warpgroup issues four wgmma.m64n128k16 (f32 += bf16 . bf16) and
-// leaves at most PENDING tiles' groups in flight: a stage is refilled DIST tiles later, after a
-// barrier every warpgroup reaches having waited for the tile STAGES - DIST before (so DIST <=
-// STAGES - 1 - PENDING; PENDING 1 overlaps a tile's MMAs with the next barrier). cp.async lands in
+// waits for them before the barrier that lets the ring overwrite the stage. cp.async lands in
 // the generic proxy and wgmma reads through the async proxy: each thread fences
 // (fence.proxy.async) after its copies land, before the barrier.
 // Accumulators: warp w of a warpgroup holds its rows 16w.., as the mma.m16n8 C fragment per
@@ -22,8 +20,10 @@
 //
 // Preconditions (the launcher's): K % 32 == 0, W and Xb 16-byte aligned, N % 16 == 0 for
 // silu_mul. Grid: x = M tiles, y = N tiles, z = K splits; dynamic shared memory
-// STAGES * 32 KiB + 1 KiB (the 1024-byte alignment of the ring).
+// WG_STAGES * 32 KiB + 1 KiB (the 1024-byte alignment of the ring).
 #include "common.cuh"
+
+PYDFLASH_REQUIRE(WG_STAGES);
 
 #define WG_BM 128
 #define WG_BN 128
@@ -63,10 +63,9 @@ __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
-template <int PENDING>  // until at most PENDING committed groups of this warpgroup are in flight
-__device__ __forceinline__ void wg_wait() {
+__device__ __forceinline__ void wg_wait_all() {
 #if WG_ENABLED
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
 // The accumulators as operands of an empty asm: the compiler may not move their reads or
@@ -121,7 +120,7 @@ __device__ __forceinline__ void wg_load(unsigned char* stage, const bf16_bits* X
     }
 }
 
-template <int EPI, int STAGES, int DIST, int PENDING>
+template <int EPI>
 __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
                                          const bf16_bits* __restrict__ Xb, float* __restrict__ Y,
                                          long long ldy, int M, int N, int K, int chunks_per_split,
@@ -143,22 +142,21 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = 0.f;
 
-    static_assert(DIST >= 1 && PENDING >= 0 && DIST <= STAGES - 1 - PENDING, "ring reuse");
 #pragma unroll
-    for (int s = 0; s < DIST; ++s) {
+    for (int s = 0; s < WG_STAGES - 1; ++s) {
         if (s < nk) wg_load(ring + s * WG_STAGE_BYTES, Xb, W, M, N, K, m0, n0, c0, c_end, s, tid);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; ++kt) {
-        cp_async_wait<DIST - 1>();  // this thread's copies of tile kt have landed
-        fence_proxy_async();        // ... and are visible to wgmma's async proxy
-        __syncthreads();  // everyone's have; every warpgroup is done with tile kt - 1 - PENDING
-        const int next = kt + DIST;  // into the stage of tile next - STAGES <= kt - 1 - PENDING
+        cp_async_wait<WG_STAGES - 2>();  // this thread's copies of tile kt have landed
+        fence_proxy_async();             // ... and are visible to wgmma's async proxy
+        __syncthreads();  // everyone's have; every warpgroup is done with tile kt - 1
+        const int next = kt + WG_STAGES - 1;
         if (next < nk)
-            wg_load(ring + (next % STAGES) * WG_STAGE_BYTES, Xb, W, M, N, K, m0, n0, c0, c_end,
+            wg_load(ring + (next % WG_STAGES) * WG_STAGE_BYTES, Xb, W, M, N, K, m0, n0, c0, c_end,
                     next, tid);
         cp_async_commit();
-        const unsigned char* xs = ring + (kt % STAGES) * WG_STAGE_BYTES;
+        const unsigned char* xs = ring + (kt % WG_STAGES) * WG_STAGE_BYTES;
         const unsigned long long a = wg_desc(xs + wg * 64 * 128);  // this warpgroup's 64 rows
         const unsigned long long b = wg_desc(xs + WG_TILE_BYTES);
         wg_fence_operands(d);
@@ -166,11 +164,9 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
 #pragma unroll
         for (int s = 0; s < WG_BK / 16; ++s) wgmma_m64n128k16(d, a + 2 * s, b + 2 * s);  // +32 B
         wg_commit();
-        wg_wait<PENDING>();  // tile kt - PENDING is read before a later barrier refills its stage
+        wg_wait_all();  // the stage is read before the next barrier lets the ring refill it
         wg_fence_operands(d);
     }
-    wg_wait<0>();
-    wg_fence_operands(d);
     cp_async_wait<0>();
 
 #pragma unroll
@@ -201,18 +197,11 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
 #endif
 }
 
-// The pipelines pydflash/ops/gemm_bf16act.py's WGMMA_TILES names: (STAGES, DIST, PENDING)
-#define WG_ENTRY(name, EPI, STAGES, DIST, PENDING)                                             \
+#define WG_ENTRY(name, EPI)                                                                    \
     extern "C" __global__ void __launch_bounds__(WG_THREADS)                                   \
         name(const bf16_bits* W, const bf16_bits* Xb, float* Y, long long ldy, int M, int N,   \
              int K, int chunks_per_split, long long split_stride) {                            \
-        wg_tiles<EPI, STAGES, DIST, PENDING>(W, Xb, Y, ldy, M, N, K, chunks_per_split,         \
-                                             split_stride);                                    \
+        wg_tiles<EPI>(W, Xb, Y, ldy, M, N, K, chunks_per_split, split_stride);                 \
     }
-#define WG_ENTRIES(suffix, STAGES, DIST, PENDING)                                              \
-    WG_ENTRY(gemm_bf16act_store_wgmma##suffix, WG_EPI_STORE, STAGES, DIST, PENDING)            \
-    WG_ENTRY(gemm_bf16act_silu_mul_wgmma##suffix, WG_EPI_SILU_MUL, STAGES, DIST, PENDING)
-WG_ENTRIES(, 3, 2, 0)
-WG_ENTRIES(_s3p1, 3, 1, 1)
-WG_ENTRIES(_s4p1, 4, 2, 1)
-WG_ENTRIES(_s6p1, 6, 4, 1)
+WG_ENTRY(gemm_bf16act_store_wgmma, WG_EPI_STORE)
+WG_ENTRY(gemm_bf16act_silu_mul_wgmma, WG_EPI_SILU_MUL)

@@ -119,7 +119,7 @@ def test_the_wgmma_tile_launches_on_sm_90_only():
     )
     (_, _, _, _), (name, grid, smem, a) = launches
     assert name == "gemm_bf16act_store_wgmma" and grid == (2, 3, 2)
-    assert smem == 3 * 32 * 1024 + 1024  # three stages of 128 x 64 bf16 of X and of W
+    assert smem == gemm_bf16act.WGMMA_STAGES * 32 * 1024 + 1024
     assert a["chunks_per_split"] == 2 and a["split_stride"] == m * n
 
 

@@ -17,10 +17,7 @@ TILES = [
     "w8_128x256_k32",
     "w4_64x128_k64",
     "wgmma_128x128_k64",  # sm_90 only (skipped elsewhere)
-    "wgmma_128x128_k64_s3p1",
-    "wgmma_128x128_k64_s4p1",
-    "wgmma_128x128_k64_s6p1",
-]  # gemm_bf16act.TILES and WGMMA_TILES, every one checked
+]  # gemm_bf16act.TILES and WGMMA_TILE, every one checked
 
 
 def needs_arch(e, tile):

@@ -34,16 +34,9 @@ TILES = {
     "w4_64x128_k64": (1, 4, 4, 4, 64, 4),
 }
 # sm_90 only: gemm_bf16act_sm90.cu, warpgroup MMAs (wgmma) reading both operands from shared
-# memory; 128 x 128 blocks of 2 warpgroups, K tiles of 64. name -> (kernel suffix, STAGES of
-# the ring, PENDING tiles of MMAs left in flight across a barrier); tiles load STAGES - 1 -
-# PENDING ahead.
-WGMMA_TILES = {
-    "wgmma_128x128_k64": ("", 3, 0),
-    "wgmma_128x128_k64_s3p1": ("_s3p1", 3, 1),
-    "wgmma_128x128_k64_s4p1": ("_s4p1", 4, 1),
-    "wgmma_128x128_k64_s6p1": ("_s6p1", 6, 1),
-}
+# memory; 128 x 128 blocks of 2 warpgroups, K tiles of 64, a WGMMA_STAGES-deep ring
 WGMMA_TILE = "wgmma_128x128_k64"
+WGMMA_STAGES = 3
 DEFAULT_TILE = "w8_128x128_k64"
 SMALL_TILE = "w4_64x128_k64"  # up to SMALL_ROWS rows: half the rows of a block, twice the blocks
 SMALL_ROWS = 128
@@ -53,8 +46,8 @@ EPILOGUES = ("store", "silu_mul")
 
 def tile_shape(tile: str) -> tuple[int, int, int, int]:
     """(rows of X, rows of W, threads, dynamic shared memory bytes) of a block of `tile`."""
-    if tile in WGMMA_TILES:  # + 1 KiB: the ring starts at a 1024-byte boundary (the swizzle)
-        return 128, 128, 256, WGMMA_TILES[tile][1] * 2 * 128 * 128 + 1024
+    if tile == WGMMA_TILE:  # + 1 KiB: the ring starts at a 1024-byte boundary (the swizzle)
+        return 128, 128, 256, WGMMA_STAGES * 2 * 128 * 128 + 1024
     wm, wn, mt, nt, bk, stages = TILES[tile]
     bm, bn = wm * mt * 16, wn * nt * 8
     return bm, bn, 32 * wm * wn, stages * (bm + bn) * bk * 2
@@ -80,13 +73,9 @@ GEMM = {
     for epi in EPILOGUES
     for tile in TILES
 }
-FAMILY_SM90 = Family("gemm_bf16act_sm90", {}, arch_specific=True)
+FAMILY_SM90 = Family("gemm_bf16act_sm90", {"WG_STAGES": WGMMA_STAGES}, arch_specific=True)
 GEMM.update(
-    {
-        (epi, tile): FAMILY_SM90.kernel(f"gemm_bf16act_{epi}_wgmma{suffix}", _SIG)
-        for epi in EPILOGUES
-        for tile, (suffix, _, _) in WGMMA_TILES.items()
-    }
+    {(epi, WGMMA_TILE): FAMILY_SM90.kernel(f"gemm_bf16act_{epi}_wgmma", _SIG) for epi in EPILOGUES}
 )
 
 
@@ -136,17 +125,15 @@ def project(
     8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
     multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats;
     scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES or
-    WGMMA_TILES (None: by the row count and the device, pick_tile)."""
+    WGMMA_TILE (None: by the row count and the device, pick_tile)."""
     tile = pick_tile(m, getattr(rt, "arch", None)) if tile is None else tile
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
-    if tile not in TILES and tile not in WGMMA_TILES:
-        raise ShapeError(
-            f"tile must be one of {sorted(TILES) + sorted(WGMMA_TILES)}, found {tile!r}"
-        )
+    if tile not in TILES and tile != WGMMA_TILE:
+        raise ShapeError(f"tile must be one of {sorted(TILES) + [WGMMA_TILE]}, found {tile!r}")
     arch = getattr(rt, "arch", None)
-    if tile in WGMMA_TILES and arch != "sm_90":
-        raise DeviceError(f"{tile}: wgmma runs on sm_90 only, this device is {arch}")
+    if tile == WGMMA_TILE and arch != "sm_90":
+        raise DeviceError(f"{WGMMA_TILE}: wgmma runs on sm_90 only, this device is {arch}")
     if epilogue not in EPILOGUES:
         raise ShapeError(f"epilogue must be one of {EPILOGUES}, found {epilogue!r}")
     n, k = w.out_features, w.in_features
