@@ -32,6 +32,8 @@ class BatchRound:
     slot_kv: list[int]  # per layer: elements between two slots' K rows
     slot_kpos: int
     scratch: Any = None  # bf16 activations of the gemm_bf16act path; None: the exact path
+    xn_b: Any = None  # bf16 copies of buf.xn and buf.attn, written by their producers (the
+    attn_b: Any = None  # norm, attention's combine) in the bf16 mode: no round_bf16 for them
 
     def project(
         self,
@@ -46,6 +48,7 @@ class BatchRound:
     ) -> None:
         """linear.project for the round's linears, or gemm_bf16act's where it applies."""
         if self.scratch is not None and gemm_bf16act.applies(e, w, m):
+            rounded = self.xn_b if x is self.buf.xn else self.attn_b if x is self.buf.attn else None
             gemm_bf16act.project(
                 e,
                 w,
@@ -56,6 +59,7 @@ class BatchRound:
                 ksplit=ksplit,
                 split_stride=split_stride,
                 scratch=self.scratch,
+                rounded=rounded,
             )
         else:
             linear.project(e, w, x, m, out, epilogue, ksplit=ksplit, split_stride=split_stride)
@@ -84,14 +88,19 @@ class PoolRounds:
         self.rows = self.cap * cfg.block_size  # stacked block rows of the largest bucket
         self.k_max = max(cfg.hidden, cfg.q_dim, cfg.n_ff)  # the widest linear input
         self.scratch: Any = None  # gemm_bf16act's bf16 activations, on first use
+        self.xn_b: Any = None  # and the bf16 copies of xn and attn (BatchRound)
+        self.attn_b: Any = None
         self.graphs: dict[tuple[int, str], Any] = {}
 
     def allocate_scratch(self, e: Engine) -> None:
         """The bf16-activation scratch of the largest bucket (before any state is written)."""
         if self.scratch is None:
             count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
-            with e.allocating(2 * count, f"bf16 activations of {self.cap} sequences"):
+            copies = self.buf.xn.size + self.buf.attn.size
+            with e.allocating(2 * (count + copies), f"bf16 activations of {self.cap} sequences"):
                 self.scratch = e.empty((count,), np.uint16)
+                self.xn_b = e.empty(self.buf.xn.shape, np.uint16)
+                self.attn_b = e.empty(self.buf.attn.shape, np.uint16)
 
     def round(self, n: int, pool: DflashBatchKv, activations: str = "f32") -> BatchRound:
         state = self.io[: n * self.ld]
@@ -104,5 +113,5 @@ class PoolRounds:
             slot,
             [r * kv_dim for r in pool.layer_rows],
             pool.pos_rows,
-            self.scratch if activations == "bf16" else None,
+            *((self.scratch, self.xn_b, self.attn_b) if activations == "bf16" else ()),
         )

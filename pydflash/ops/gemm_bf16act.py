@@ -40,6 +40,7 @@ WGMMA_STAGES = 3
 DEFAULT_TILE = "w8_128x128_k64"
 SMALL_TILE = "w4_64x128_k64"  # up to SMALL_ROWS rows: half the rows of a block, twice the blocks
 SMALL_ROWS = 128
+SM90_SMALL_ROWS = 64  # on sm_90 the wgmma tile takes over from 65 rows
 THREADS = 256  # round_bf16's block
 EPILOGUES = ("store", "silu_mul")
 
@@ -84,9 +85,9 @@ def pick_tile(rows: int, arch: str | None = None) -> str:
     (qwen3-8b's layer: w4_64x128_k64 133 us at M = 64 against 145 for wgmma and 203-255 for the
     other 128-row tiles; at M = 256 wgmma 249 us, w8_128x128_k64 368 us; at M = 1024 wgmma
     1040 us, w8_128x128_k64 1359 us)."""
-    if rows <= SMALL_ROWS:
-        return SMALL_TILE
-    return WGMMA_TILE if arch == "sm_90" else DEFAULT_TILE
+    if arch == "sm_90":  # at M = 128 wgmma 170 us against the small tile's 230 (a386ca1)
+        return SMALL_TILE if rows <= SM90_SMALL_ROWS else WGMMA_TILE
+    return SMALL_TILE if rows <= SMALL_ROWS else DEFAULT_TILE
 
 
 def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
@@ -118,6 +119,7 @@ def project(
     split_stride: int = 0,
     scratch: Any,
     tile: str | None = None,
+    rounded: Any = None,
 ) -> None:
     """out = round_bf16(x[:m]) . w^T, queued on the current stream: "store" writes `ksplit`
     partials (split z at out + z * split_stride floats, K cut as split_k_plan cuts it), which
@@ -125,7 +127,9 @@ def project(
     8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
     multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats;
     scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES or
-    WGMMA_TILE (None: by the row count and the device, pick_tile)."""
+    WGMMA_TILE (None: by the row count and the device, pick_tile). rounded: round_bf16(x) already
+    written by x's producer (uint16, contiguous rows of K, >= m rows): the GEMM reads it and the
+    rounding pass is skipped (scratch unused)."""
     tile = pick_tile(m, getattr(rt, "arch", None)) if tile is None else tile
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
@@ -166,27 +170,27 @@ def project(
     m_tiles, n_tiles = -(-m // bm), -(-n // bn)
     if m_tiles > MAX_GRID_X or n_tiles > MAX_GRID_Y:
         raise ShapeError(f"gemm_bf16act: {m} x {n} outputs exceed one launch's grid")
+    if rounded is not None and (
+        rounded.dtype != np.uint16
+        or rounded.ndim != 2
+        or rounded.shape[0] < m
+        or rounded.shape[1] != k
+        or rounded.strides[0] != 2 * k
+    ):
+        raise ShapeError(f"rounded: expected uint16 [>= {m}, {k}] with contiguous rows")
     if m == 0:
         return
+    xb = scratch if rounded is None else rounded
     quads = m * (k // 4)
-    rt.launch(
-        ROUND,
-        (min(-(-quads // THREADS), 4 * 1024),),
-        THREADS,
-        0,
-        X=x,
-        ldx=ldx,
-        Xb=scratch,
-        M=m,
-        K=k,
-    )
+    if rounded is None:
+        _round(rt, x, ldx, scratch, m, k, quads)
     rt.launch(
         GEMM[epilogue, tile],
         (m_tiles, n_tiles, ksplit),
         threads,
         smem,
         W=w.data,
-        Xb=scratch,
+        Xb=xb,
         Y=out,
         ldy=row_stride(out, n // 2 if epilogue == "silu_mul" else n),
         M=m,
@@ -194,4 +198,18 @@ def project(
         K=k,
         chunks_per_split=per_split,
         split_stride=split_stride,
+    )
+
+
+def _round(rt: Runtime, x: Any, ldx: int, xb: Any, m: int, k: int, quads: int) -> None:
+    rt.launch(
+        ROUND,
+        (min(-(-quads // THREADS), 4 * 1024),),
+        THREADS,
+        0,
+        X=x,
+        ldx=ldx,
+        Xb=xb,
+        M=m,
+        K=k,
     )
