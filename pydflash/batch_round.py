@@ -32,8 +32,9 @@ class BatchRound:
     slot_kv: list[int]  # per layer: elements between two slots' K rows
     slot_kpos: int
     scratch: Any = None  # bf16 activations of the gemm_bf16act path; None: the exact path
-    xn_b: Any = None  # bf16 copies of buf.xn and buf.attn, written by their producers (the
-    attn_b: Any = None  # norm, attention's combine) in the bf16 mode: no round_bf16 for them
+    xn_b: Any = None  # bf16 copies of buf.xn, buf.attn and buf.ff, written by their producers
+    attn_b: Any = None  # (the norm, attention's combine, the gate_up GEMM's silu_mul_bf16)
+    ff_b: Any = None  # in the bf16 mode: the GEMMs that read them skip round_bf16
 
     def project(
         self,
@@ -48,7 +49,10 @@ class BatchRound:
     ) -> None:
         """linear.project for the round's linears, or gemm_bf16act's where it applies."""
         if self.scratch is not None and gemm_bf16act.applies(e, w, m):
-            rounded = self.xn_b if x is self.buf.xn else self.attn_b if x is self.buf.attn else None
+            copies = {id(self.buf.xn): self.xn_b, id(self.buf.attn): self.attn_b}
+            rounded = copies.get(id(x)) if x is not self.buf.ff else self.ff_b
+            if epilogue == "silu_mul" and self.ff_b is not None:  # straight into down's input
+                out, epilogue = self.ff_b, "silu_mul_bf16"
             gemm_bf16act.project(
                 e,
                 w,
@@ -90,17 +94,19 @@ class PoolRounds:
         self.scratch: Any = None  # gemm_bf16act's bf16 activations, on first use
         self.xn_b: Any = None  # and the bf16 copies of xn and attn (BatchRound)
         self.attn_b: Any = None
+        self.ff_b: Any = None
         self.graphs: dict[tuple[int, str], Any] = {}
 
     def allocate_scratch(self, e: Engine) -> None:
         """The bf16-activation scratch of the largest bucket (before any state is written)."""
         if self.scratch is None:
             count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
-            copies = self.buf.xn.size + self.buf.attn.size
+            copies = self.buf.xn.size + self.buf.attn.size + self.buf.ff.size
             with e.allocating(2 * (count + copies), f"bf16 activations of {self.cap} sequences"):
                 self.scratch = e.empty((count,), np.uint16)
                 self.xn_b = e.empty(self.buf.xn.shape, np.uint16)
                 self.attn_b = e.empty(self.buf.attn.shape, np.uint16)
+                self.ff_b = e.empty(self.buf.ff.shape, np.uint16)
 
     def round(self, n: int, pool: DflashBatchKv, activations: str = "f32") -> BatchRound:
         state = self.io[: n * self.ld]
@@ -113,5 +119,5 @@ class PoolRounds:
             slot,
             [r * kv_dim for r in pool.layer_rows],
             pool.pos_rows,
-            *((self.scratch, self.xn_b, self.attn_b) if activations == "bf16" else ()),
+            *((self.scratch, self.xn_b, self.attn_b, self.ff_b) if activations == "bf16" else ()),
         )

@@ -154,3 +154,20 @@ def test_a_rounded_copy_from_the_producer_skips_the_rounding_pass():
                 rt, *args, ksplit=2, split_stride=m * n, scratch=scratch, rounded=bad
             )
         assert not launches
+
+
+def test_silu_mul_bf16_writes_bf16_rows_and_refuses_float_out():
+    m, n, k = 256, 512, 128
+    rt, launches = recording_rt()
+    args = (fake_w(n=n, k=k), FakeArray((m, k)), m)
+    scratch = Scratch((m * k,), dtype=np.uint16)
+    out = FakeArray((m, n // 2 + 8), dtype=np.uint16)  # rows of N / 2 + padding
+    gemm_bf16act.project(rt, *args, out, "silu_mul_bf16", scratch=scratch)
+    name, _, _, a = launches[-1]
+    assert name.startswith("gemm_bf16act_silu_mul_bf16_") and a["ldy"] == n // 2 + 8
+    launches.clear()
+    with pytest.raises(ShapeError, match="silu_mul_bf16"):
+        gemm_bf16act.project(rt, *args, FakeArray((m, n // 2)), "silu_mul_bf16", scratch=scratch)
+    with pytest.raises(ShapeError, match="silu_mul"):  # one K split, as silu_mul
+        gemm_bf16act.project(rt, *args, out, "silu_mul_bf16", ksplit=2, scratch=scratch)
+    assert not launches

@@ -42,7 +42,7 @@ SMALL_TILE = "w4_64x128_k64"  # up to SMALL_ROWS rows: half the rows of a block,
 SMALL_ROWS = 128
 SM90_SMALL_ROWS = 64  # on sm_90 the wgmma tile takes over from 65 rows
 THREADS = 256  # round_bf16's block
-EPILOGUES = ("store", "silu_mul")
+EPILOGUES = ("store", "silu_mul", "silu_mul_bf16")  # the last: silu_mul rounded, bf16 bits out
 
 
 def tile_shape(tile: str) -> tuple[int, int, int, int]:
@@ -125,7 +125,9 @@ def project(
     partials (split z at out + z * split_stride floats, K cut as split_k_plan cuts it), which
     the consumer adds; "silu_mul" writes silu(gate) * up (gate/up rows interleaved in groups of
     8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
-    multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats;
+    multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats
+    ("silu_mul_bf16": uint16 rows of N / 2, silu_mul rounded to bf16: the down projection's
+    rounded input);
     scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES or
     WGMMA_TILE (None: by the row count and the device, pick_tile). rounded: round_bf16(x) already
     written by x's producer (uint16, contiguous rows of K, >= m rows): the GEMM reads it and the
@@ -143,7 +145,7 @@ def project(
     n, k = w.out_features, w.in_features
     if k % CHUNK:
         raise ShapeError(f"w: in_features {k} must be a multiple of {CHUNK}")
-    if epilogue == "silu_mul" and (n % 16 or ksplit != 1):
+    if epilogue.startswith("silu_mul") and (n % 16 or ksplit != 1):
         raise ShapeError(
             f"silu_mul: needs gate/up rows in whole groups (out_features {n} % 16 == 0) and "
             f"one K split (found {ksplit})"
@@ -178,6 +180,7 @@ def project(
         or rounded.strides[0] != 2 * k
     ):
         raise ShapeError(f"rounded: expected uint16 [>= {m}, {k}] with contiguous rows")
+    ldy = _out_stride(out, n, epilogue)
     if m == 0:
         return
     xb = scratch if rounded is None else rounded
@@ -192,13 +195,22 @@ def project(
         W=w.data,
         Xb=xb,
         Y=out,
-        ldy=row_stride(out, n // 2 if epilogue == "silu_mul" else n),
+        ldy=ldy,
         M=m,
         N=n,
         K=k,
         chunks_per_split=per_split,
         split_stride=split_stride,
     )
+
+
+def _out_stride(out: Any, n: int, epilogue: str) -> int:
+    """Elements between two rows of out: floats, or bf16 elements for silu_mul_bf16."""
+    if epilogue == "silu_mul_bf16":
+        if out.dtype != np.uint16 or out.ndim != 2 or out.strides[1] != 2:
+            raise ShapeError("out: silu_mul_bf16 writes uint16 rows of N / 2 contiguous elements")
+        return out.strides[0] // 2
+    return row_stride(out, n // 2 if epilogue == "silu_mul" else n)
 
 
 def _round(rt: Runtime, x: Any, ldx: int, xb: Any, m: int, k: int, quads: int) -> None:
