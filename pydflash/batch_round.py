@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
+from .errors import DeviceError
 from .ops import gemm_bf16act, linear
 from .ops.seqs import Seqs
 from .round_buffers import RoundBuffers
@@ -35,6 +36,7 @@ class BatchRound:
     xn_b: Any = None  # bf16 copies of buf.xn, buf.attn and buf.ff, written by their producers
     attn_b: Any = None  # (the norm, attention's combine, the gate_up GEMM's silu_mul_bf16)
     ff_b: Any = None  # in the bf16 mode: the GEMMs that read them skip round_bf16
+    ff_in_bf16: bool = False  # set when gate_up wrote ff_b instead of buf.ff (this round)
 
     def project(
         self,
@@ -48,11 +50,18 @@ class BatchRound:
         split_stride: int = 0,
     ) -> None:
         """linear.project for the round's linears, or gemm_bf16act's where it applies."""
+        if x is self.buf.ff and self.ff_in_bf16 and not gemm_bf16act.applies(e, w, m):
+            # gate_up wrote only ff_b: down must read it (the MLP's two weights share a format
+            # and the rows, so this cannot happen with pydflash.weights' precisions)
+            raise DeviceError(f"down ({w.fmt}) cannot read the bf16 ff gate_up ({m} rows) wrote")
         if self.scratch is not None and gemm_bf16act.applies(e, w, m):
             copies = {id(self.buf.xn): self.xn_b, id(self.buf.attn): self.attn_b}
             rounded = copies.get(id(x)) if x is not self.buf.ff else self.ff_b
+            if x is self.buf.ff and not self.ff_in_bf16:
+                rounded = None  # buf.ff holds the f32 values: round them here
             if epilogue == "silu_mul" and self.ff_b is not None:  # straight into down's input
                 out, epilogue = self.ff_b, "silu_mul_bf16"
+                self.ff_in_bf16 = True
             gemm_bf16act.project(
                 e,
                 w,

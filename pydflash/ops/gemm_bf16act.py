@@ -178,8 +178,11 @@ def project(
         or rounded.shape[0] < m
         or rounded.shape[1] != k
         or rounded.strides[0] != 2 * k
+        or rounded.data.ptr % 16
     ):
-        raise ShapeError(f"rounded: expected uint16 [>= {m}, {k}] with contiguous rows")
+        raise ShapeError(
+            f"rounded: expected a 16-byte-aligned uint16 [>= {m}, {k}] with contiguous rows"
+        )
     ldy = _out_stride(out, n, epilogue)
     if m == 0:
         return
