@@ -826,13 +826,15 @@ ATT_TC_ENTRIES(128)
 extern "C" __global__ void __launch_bounds__(128)
     attn_combine(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                  float* __restrict__ out, long long ldo, int n_q, int n_head, int hd,
-                 int n_splits, long long seq_part_rows, long long seq_out, const int* seq_slot) {
+                 int n_splits, long long seq_part_rows, long long seq_out, const int* seq_slot,
+                 bf16_bits* __restrict__ out_b) {
     // grid y = the batch's sequences (ATT_SEQ_PARAMS): sequence y's partials and output rows;
     // a padding sequence (slot -1) wrote no partials and is skipped
     if (seq_slot != nullptr && seq_slot[blockIdx.y] < 0) return;
     o_part += blockIdx.y * seq_part_rows * hd;
     ml_part += blockIdx.y * seq_part_rows * 2;
     out += blockIdx.y * seq_out;
+    if (out_b != nullptr) out_b += blockIdx.y * seq_out;  // out's layout, bf16
     const int lane = threadIdx.x & 31;
     const long long split_rows = (long long)n_head * n_q;
     const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);  // h * n_q + i
@@ -870,11 +872,16 @@ extern "C" __global__ void __launch_bounds__(128)
             }
         }
     }
-    float4* dst = reinterpret_cast<float4*>(out + (long long)i * ldo + (long long)h * hd);
+    const long long at = (long long)i * ldo + (long long)h * hd;
+    float4* dst = reinterpret_cast<float4*>(out + at);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-        if (lane + 32 * c < hd4)
-            dst[c * 32 + lane] =
-                make_float4(acc[c].x / L, acc[c].y / L, acc[c].z / L, acc[c].w / L);
+        if (lane + 32 * c < hd4) {
+            const float4 r = make_float4(acc[c].x / L, acc[c].y / L, acc[c].z / L, acc[c].w / L);
+            dst[c * 32 + lane] = r;
+            if (out_b != nullptr)  // the bf16 copy the o projection reads (bf16 activations)
+                reinterpret_cast<uint2*>(out_b + at)[c * 32 + lane] =
+                    make_uint2(pack_bf16x2(r.x, r.y), pack_bf16x2(r.z, r.w));
+        }
     }
 }

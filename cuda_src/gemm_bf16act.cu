@@ -53,6 +53,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned cha
 
 #define G16_EPI_STORE 0
 #define G16_EPI_SILU_MUL 1
+#define G16_EPI_SILU_MUL_BF16 2  // silu_mul rounded to bf16: Y holds bf16 bits, ldy in elements
 
 template <int WM_, int WN_, int MT_, int NT_, int BK_, int STAGES_>
 struct Tile {
@@ -169,7 +170,7 @@ __device__ __forceinline__ void g16_tiles(const bf16_bits* __restrict__ W,
             const int row = m0 + wm * MT * 16 + i * 16 + h * 8 + g;
             if (row >= M) continue;
             float* yrow = Y + (long long)row * ldy;
-            if (EPI == G16_EPI_SILU_MUL) {
+            if (EPI == G16_EPI_SILU_MUL || EPI == G16_EPI_SILU_MUL_BF16) {
 #pragma unroll
                 for (int p = 0; p < NT / 2; ++p) {
                     const int gate_row = n0 + wn * NT * 8 + p * 16;  // the group's first gate row
@@ -177,8 +178,14 @@ __device__ __forceinline__ void g16_tiles(const bf16_bits* __restrict__ W,
                     const float* gv = acc[i][2 * p] + 2 * h;
                     const float* uv = acc[i][2 * p + 1] + 2 * h;
                     const int col = gate_row / 2 + 2 * t;
-                    yrow[col] = silu(gv[0]) * uv[0];
-                    yrow[col + 1] = silu(gv[1]) * uv[1];
+                    const float y0 = silu(gv[0]) * uv[0], y1 = silu(gv[1]) * uv[1];
+                    if (EPI == G16_EPI_SILU_MUL_BF16) {  // the down projection's rounded input
+                        bf16_bits* brow = reinterpret_cast<bf16_bits*>(Y) + (long long)row * ldy;
+                        *reinterpret_cast<unsigned*>(brow + col) = pack_bf16x2(y0, y1);
+                    } else {
+                        yrow[col] = y0;
+                        yrow[col + 1] = y1;
+                    }
                 }
             } else {
 #pragma unroll
@@ -206,6 +213,13 @@ __device__ __forceinline__ void g16_tiles(const bf16_bits* __restrict__ W,
                                      long long ldy, int M, int N, int K,                      \
                                      int chunks_per_split, long long split_stride) {          \
         g16_tiles<Tile<WM, WN, MT, NT, BK, STAGES>, G16_EPI_SILU_MUL>(                        \
+            W, Xb, Y, ldy, M, N, K, chunks_per_split, split_stride);                          \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN)                                \
+        gemm_bf16act_silu_mul_bf16_##tile(const bf16_bits* W, const bf16_bits* Xb, float* Y,  \
+                                          long long ldy, int M, int N, int K,                 \
+                                          int chunks_per_split, long long split_stride) {     \
+        g16_tiles<Tile<WM, WN, MT, NT, BK, STAGES>, G16_EPI_SILU_MUL_BF16>(                   \
             W, Xb, Y, ldy, M, N, K, chunks_per_split, split_stride);                          \
     }
 G16_ENTRY(w8_128x128_k32, 2, 4, 4, 4, 32, 4)

@@ -33,6 +33,7 @@ PYDFLASH_REQUIRE(WG_STAGES);
 #define WG_STAGE_BYTES (2 * WG_TILE_BYTES)
 #define WG_EPI_STORE 0
 #define WG_EPI_SILU_MUL 1
+#define WG_EPI_SILU_MUL_BF16 2  // silu_mul rounded to bf16: Y holds bf16 bits, ldy in elements
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_ENABLED 1
@@ -174,14 +175,21 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
         const int row = m0 + wg * 64 + wq * 16 + h * 8 + g;
         if (row >= M) continue;
         float* yrow = Y + (long long)row * ldy;
-        if (EPI == WG_EPI_SILU_MUL) {
+        if (EPI == WG_EPI_SILU_MUL || EPI == WG_EPI_SILU_MUL_BF16) {
 #pragma unroll
             for (int p = 0; p < 8; ++p) {
                 const int gate_row = n0 + p * 16;  // the group's first gate row
                 if (gate_row >= N) continue;
                 const int col = gate_row / 2 + 2 * t;
-                yrow[col] = silu(d[8 * p + 2 * h]) * d[8 * p + 4 + 2 * h];
-                yrow[col + 1] = silu(d[8 * p + 2 * h + 1]) * d[8 * p + 4 + 2 * h + 1];
+                const float y0 = silu(d[8 * p + 2 * h]) * d[8 * p + 4 + 2 * h];
+                const float y1 = silu(d[8 * p + 2 * h + 1]) * d[8 * p + 4 + 2 * h + 1];
+                if (EPI == WG_EPI_SILU_MUL_BF16) {  // the down projection's rounded input
+                    bf16_bits* brow = reinterpret_cast<bf16_bits*>(Y) + (long long)row * ldy;
+                    *reinterpret_cast<unsigned*>(brow + col) = pack_bf16x2(y0, y1);
+                } else {
+                    yrow[col] = y0;
+                    yrow[col + 1] = y1;
+                }
             }
         } else {
 #pragma unroll
@@ -205,3 +213,4 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
     }
 WG_ENTRY(gemm_bf16act_store_wgmma, WG_EPI_STORE)
 WG_ENTRY(gemm_bf16act_silu_mul_wgmma, WG_EPI_SILU_MUL)
+WG_ENTRY(gemm_bf16act_silu_mul_bf16_wgmma, WG_EPI_SILU_MUL_BF16)

@@ -15,7 +15,7 @@ PYDFLASH_REQUIRE(RMS_VEC);
 extern "C" __global__ void residual_rms_norm(const float* part, int n_split, long long split_stride,
                                              const float* resid_in, float* resid_out,
                                              const float* bias, const float* __restrict__ w,
-                                             float* out, int n, float eps) {
+                                             float* out, int n, float eps, bf16_bits* out_b) {
     __shared__ float scratch[32];
     pdl_trigger();  // the next linear may start streaming its weights now
     const long long base = (long long)blockIdx.x * n;
@@ -56,9 +56,12 @@ extern "C" __global__ void residual_rms_norm(const float* part, int n_split, lon
             const int i = 4 * (threadIdx.x + j * blockDim.x);
             if (i < n) {
                 const float4 wv = *reinterpret_cast<const float4*>(w + i);
-                *reinterpret_cast<float4*>(out + base + i) =
-                    make_float4((v[j].x * inv) * wv.x, (v[j].y * inv) * wv.y, (v[j].z * inv) * wv.z,
-                                (v[j].w * inv) * wv.w);
+                const float4 r = make_float4((v[j].x * inv) * wv.x, (v[j].y * inv) * wv.y,
+                                             (v[j].z * inv) * wv.z, (v[j].w * inv) * wv.w);
+                *reinterpret_cast<float4*>(out + base + i) = r;
+                if (out_b != nullptr)  // the bf16 copy the next GEMM reads (bf16 activations)
+                    *reinterpret_cast<uint2*>(out_b + base + i) =
+                        make_uint2(pack_bf16x2(r.x, r.y), pack_bf16x2(r.z, r.w));
             }
         }
         return;
@@ -73,5 +76,9 @@ extern "C" __global__ void residual_rms_norm(const float* part, int n_split, lon
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.f / sqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[base + i] = (out[base + i] * inv) * w[i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float r = (out[base + i] * inv) * w[i];
+        out[base + i] = r;
+        if (out_b != nullptr) out_b[base + i] = (bf16_bits)(pack_bf16x2(r, 0.f) & 0xffffu);
+    }
 }

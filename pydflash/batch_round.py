@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
+from .errors import DeviceError
 from .ops import gemm_bf16act, linear
 from .ops.seqs import Seqs
 from .round_buffers import RoundBuffers
@@ -32,6 +33,10 @@ class BatchRound:
     slot_kv: list[int]  # per layer: elements between two slots' K rows
     slot_kpos: int
     scratch: Any = None  # bf16 activations of the gemm_bf16act path; None: the exact path
+    xn_b: Any = None  # bf16 copies of buf.xn, buf.attn and buf.ff, written by their producers
+    attn_b: Any = None  # (the norm, attention's combine, the gate_up GEMM's silu_mul_bf16)
+    ff_b: Any = None  # in the bf16 mode: the GEMMs that read them skip round_bf16
+    ff_in_bf16: bool = False  # set when gate_up wrote ff_b instead of buf.ff (this round)
 
     def project(
         self,
@@ -45,7 +50,18 @@ class BatchRound:
         split_stride: int = 0,
     ) -> None:
         """linear.project for the round's linears, or gemm_bf16act's where it applies."""
+        if x is self.buf.ff and self.ff_in_bf16 and not gemm_bf16act.applies(e, w, m):
+            # gate_up wrote only ff_b: down must read it (the MLP's two weights share a format
+            # and the rows, so this cannot happen with pydflash.weights' precisions)
+            raise DeviceError(f"down ({w.fmt}) cannot read the bf16 ff gate_up ({m} rows) wrote")
         if self.scratch is not None and gemm_bf16act.applies(e, w, m):
+            copies = {id(self.buf.xn): self.xn_b, id(self.buf.attn): self.attn_b}
+            rounded = copies.get(id(x)) if x is not self.buf.ff else self.ff_b
+            if x is self.buf.ff and not self.ff_in_bf16:
+                rounded = None  # buf.ff holds the f32 values: round them here
+            if epilogue == "silu_mul" and self.ff_b is not None:  # straight into down's input
+                out, epilogue = self.ff_b, "silu_mul_bf16"
+                self.ff_in_bf16 = True
             gemm_bf16act.project(
                 e,
                 w,
@@ -56,6 +72,7 @@ class BatchRound:
                 ksplit=ksplit,
                 split_stride=split_stride,
                 scratch=self.scratch,
+                rounded=rounded,
             )
         else:
             linear.project(e, w, x, m, out, epilogue, ksplit=ksplit, split_stride=split_stride)
@@ -84,14 +101,21 @@ class PoolRounds:
         self.rows = self.cap * cfg.block_size  # stacked block rows of the largest bucket
         self.k_max = max(cfg.hidden, cfg.q_dim, cfg.n_ff)  # the widest linear input
         self.scratch: Any = None  # gemm_bf16act's bf16 activations, on first use
+        self.xn_b: Any = None  # and the bf16 copies of xn and attn (BatchRound)
+        self.attn_b: Any = None
+        self.ff_b: Any = None
         self.graphs: dict[tuple[int, str], Any] = {}
 
     def allocate_scratch(self, e: Engine) -> None:
         """The bf16-activation scratch of the largest bucket (before any state is written)."""
         if self.scratch is None:
             count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
-            with e.allocating(2 * count, f"bf16 activations of {self.cap} sequences"):
+            copies = self.buf.xn.size + self.buf.attn.size + self.buf.ff.size
+            with e.allocating(2 * (count + copies), f"bf16 activations of {self.cap} sequences"):
                 self.scratch = e.empty((count,), np.uint16)
+                self.xn_b = e.empty(self.buf.xn.shape, np.uint16)
+                self.attn_b = e.empty(self.buf.attn.shape, np.uint16)
+                self.ff_b = e.empty(self.buf.ff.shape, np.uint16)
 
     def round(self, n: int, pool: DflashBatchKv, activations: str = "f32") -> BatchRound:
         state = self.io[: n * self.ld]
@@ -104,5 +128,5 @@ class PoolRounds:
             slot,
             [r * kv_dim for r in pool.layer_rows],
             pool.pos_rows,
-            self.scratch if activations == "bf16" else None,
+            *((self.scratch, self.xn_b, self.attn_b, self.ff_b) if activations == "bf16" else ()),
         )

@@ -287,11 +287,13 @@ class DflashDraft(BatchApi):
         c, b, h = self.cfg, self.cfg.block_size, self.cfg.hidden
         seqs: Callable[[int], Seqs | None] = lambda li: None  # one sequence: no grid dim
         project: Callable[..., None]
+        xn_b = attn_b = None  # bf16 copies of xn / attn for the bf16-activation GEMMs
         if batch is None:
             buf, m, state, project = self._buf, b, kv.round_state, linear.project
         else:
             buf, m, state, seqs = batch.buf, batch.n * b, batch.state, batch.seqs
             project = batch.project  # linear.project, or gemm_bf16act's with bf16 activations
+            xn_b, attn_b = batch.xn_b, batch.attn_b
         length, pos = state[:1], state[1:]  # a sequence's [len, block positions...]
         qkv_stride, x_stride = m * buf.qkv_part.shape[2], m * h
         scatter_block_pos(e, kv.pos, length, pos, b, seqs(0))
@@ -305,6 +307,7 @@ class DflashDraft(BatchApi):
             c.eps,
             resid_in=buf.noise,
             resid_out=buf.x,
+            out_b=xn_b,
         )
         for li, layer in enumerate(self.layers):
             project(
@@ -358,6 +361,7 @@ class DflashDraft(BatchApi):
                 key_window=kv.layer_keys(li, c),
                 seqs=seqs(li),
                 rounded=batch is not None and batch.scratch is not None,  # bf16 activations
+                out_b=attn_b,
             )
             # x += o(attn) + o_bias; xn = post_attention_layernorm(x)
             project(e, layer.o, buf.attn, m, buf.x_part, ksplit=buf.ks_o, split_stride=x_stride)
@@ -374,6 +378,7 @@ class DflashDraft(BatchApi):
                 split_stride=x_stride,
                 bias=layer.o_bias,
                 resid_out=buf.x,
+                out_b=xn_b,
             )
             project(e, layer.gate_up, buf.xn, m, buf.ff, "silu_mul")
             # x += down(ff); xn = the next layer's input_layernorm(x), or the final norm
@@ -391,4 +396,5 @@ class DflashDraft(BatchApi):
                 n_split=buf.ks_down,
                 split_stride=x_stride,
                 resid_out=buf.x,
+                out_b=None if last else xn_b,
             )

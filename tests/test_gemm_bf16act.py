@@ -125,9 +125,49 @@ def test_the_wgmma_tile_launches_on_sm_90_only():
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_120", None])
 def test_pick_tile_takes_wgmma_on_sm_90_above_the_small_rows(arch):
-    small = gemm_bf16act.SMALL_ROWS
+    small = gemm_bf16act.SM90_SMALL_ROWS if arch == "sm_90" else gemm_bf16act.SMALL_ROWS
     assert gemm_bf16act.pick_tile(64, arch) == gemm_bf16act.SMALL_TILE
     assert gemm_bf16act.pick_tile(small, arch) == gemm_bf16act.SMALL_TILE
     large = gemm_bf16act.WGMMA_TILE if arch == "sm_90" else gemm_bf16act.DEFAULT_TILE
     assert gemm_bf16act.pick_tile(small + 1, arch) == large
     assert gemm_bf16act.pick_tile(4096, arch) == large
+
+
+def test_a_rounded_copy_from_the_producer_skips_the_rounding_pass():
+    m, n, k = 256, 384, 128
+    rt, launches = recording_rt()
+    args = (fake_w(n=n, k=k), FakeArray((m, k)), m, FakeArray((2, m, n)))
+    scratch = Scratch((m * k,), dtype=np.uint16)
+    copy = FakeArray((m + 16, k), dtype=np.uint16, ptr=1 << 24)
+    gemm_bf16act.project(rt, *args, ksplit=2, split_stride=m * n, scratch=scratch, rounded=copy)
+    ((name, _, _, a),) = launches  # the GEMM alone, reading the producer's copy
+    assert name.startswith("gemm_bf16act_store") and a["Xb"] is copy
+    for bad in (
+        FakeArray((m, k), dtype=np.float32),  # not bf16 bits
+        FakeArray((m - 1, k), dtype=np.uint16),  # too few rows
+        FakeArray((m, k + 32), dtype=np.uint16),  # another width
+        FakeArray((m, k), strides=(4 * k, 2), dtype=np.uint16),  # rows not contiguous
+    ):
+        launches.clear()
+        with pytest.raises(ShapeError, match="rounded"):
+            gemm_bf16act.project(
+                rt, *args, ksplit=2, split_stride=m * n, scratch=scratch, rounded=bad
+            )
+        assert not launches
+
+
+def test_silu_mul_bf16_writes_bf16_rows_and_refuses_float_out():
+    m, n, k = 256, 512, 128
+    rt, launches = recording_rt()
+    args = (fake_w(n=n, k=k), FakeArray((m, k)), m)
+    scratch = Scratch((m * k,), dtype=np.uint16)
+    out = FakeArray((m, n // 2 + 8), dtype=np.uint16)  # rows of N / 2 + padding
+    gemm_bf16act.project(rt, *args, out, "silu_mul_bf16", scratch=scratch)
+    name, _, _, a = launches[-1]
+    assert name.startswith("gemm_bf16act_silu_mul_bf16_") and a["ldy"] == n // 2 + 8
+    launches.clear()
+    with pytest.raises(ShapeError, match="silu_mul_bf16"):
+        gemm_bf16act.project(rt, *args, FakeArray((m, n // 2)), "silu_mul_bf16", scratch=scratch)
+    with pytest.raises(ShapeError, match="silu_mul"):  # one K split, as silu_mul
+        gemm_bf16act.project(rt, *args, out, "silu_mul_bf16", ksplit=2, scratch=scratch)
+    assert not launches

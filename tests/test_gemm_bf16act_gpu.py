@@ -128,6 +128,23 @@ def test_silu_mul_matches_float64(engine, rng, m, n_ff, k, tile):
     # f32 sums over K of the gate and up rows (measured up to 1.2e-5 at K = 4096), then silu
     err = np.abs(got[:m, :n_ff] - ref).max() / np.abs(ref).max()
     assert err < 5e-5, err
+    # silu_mul_bf16 (the batched round's down input): the same values, rounded to nearest even
+    rounded = cp.full((m + 1, n_ff + 4), 0xFFFF, np.uint16)  # NaN bits around Y
+    with e.ordered():
+        gemm_bf16act.project(
+            e,
+            w,
+            cp.asarray(x),
+            m,
+            rounded[:, :n_ff],
+            "silu_mul_bf16",
+            scratch=scratch_for(m, k),
+            tile=tile,
+        )
+    bits = cp.asnumpy(rounded)
+    assert (bits[m:] == 0xFFFF).all() and (bits[:, n_ff:] == 0xFFFF).all(), "wrote outside Y"
+    expect = got[:m, :n_ff].astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert np.array_equal(bits[:m, :n_ff], expect)
 
 
 def test_refusals(engine, rng):

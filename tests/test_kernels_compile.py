@@ -78,6 +78,7 @@ def test_spec_casts_arguments_and_refuses_wrong_names():
         out=None,
         n=4096,
         eps=1e-6,
+        out_b=None,
     )
     cast = spec.args(args)
     assert cast[0] == 0 and isinstance(cast[0], np.uintp)  # None -> a null pointer

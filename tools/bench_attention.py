@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                         seq_part_rows=0,
                         seq_out=0,
                         seq_slot=None,
+                        out_b=None,
                     )
                 )
                 print(f"{name:10s} ctx {ctx:6d} combine alone, {splits} splits: {ms * 1e3:.1f} us")

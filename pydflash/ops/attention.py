@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import GeometryError
+from ..errors import GeometryError, ShapeError
 from ..kernels import Family
 from .seqs import Seqs
 from .seqs import count as seqs_count
@@ -83,7 +83,7 @@ COMBINE = FAMILY.kernel(
     "attn_combine",
     "const float* o_part, const float* ml_part, float* out, "
     "long long ldo, int n_q, int n_head, int hd, int n_splits, long long seq_part_rows, "
-    "long long seq_out, const int* seq_slot",
+    "long long seq_out, const int* seq_slot, unsigned short* out_b",
 )
 COMBINE_ROWS = 4  # (head, query) rows per combine block: one warp each
 
@@ -218,6 +218,7 @@ def attend(
     splits: int | None = None,
     seqs: Seqs | None = None,
     rounded: bool = False,
+    out_b: Any = None,
 ) -> None:
     """Split-KV attention (partial + combine launches) in query chunks of at most scratch.n_q
     rows. Query at position p sees key j iff window == 0 or |p - pos_j| <= window - 1; with
@@ -235,8 +236,16 @@ def attend(
     rounded: the batched rounds' bf16-activation mode, which waives that equality: the default
     split target is shared among the sequences (about 2 * target / B splits each: longer
     splits, fewer partials to combine) and bf16 K/V on the tensor cores take q and p rounded
-    to bf16 (one MMA a product instead of the hi/lo two)."""
+    to bf16 (one MMA a product instead of the hi/lo two). out_b: a uint16 array of out's
+    layout that also gets the output rounded to bf16 (what the o projection's bf16 GEMM reads in
+    that mode), or None."""
     n_seq = seqs_count(seqs)
+    if out_b is not None and (
+        out_b.dtype != np.uint16
+        or out_b.shape != out.shape
+        or out_b.strides[0] // 2 != out.strides[0] // 4
+    ):
+        raise ShapeError(f"out_b: expected uint16 in out's layout {out.shape}, found {out_b.shape}")
     if n_seq > scratch.seqs:
         raise GeometryError(f"attention: {n_seq} sequences, scratch sized for {scratch.seqs}")
     slot = seq_launch_args(seqs)
@@ -310,4 +319,5 @@ def attend(
             seq_part_rows=scratch.seq_rows,
             seq_out=m * (out.strides[0] // 4),
             seq_slot=slot["seq_slot"],
+            out_b=None if out_b is None else out_b[r0:],
         )

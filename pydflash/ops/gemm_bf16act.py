@@ -40,8 +40,9 @@ WGMMA_STAGES = 3
 DEFAULT_TILE = "w8_128x128_k64"
 SMALL_TILE = "w4_64x128_k64"  # up to SMALL_ROWS rows: half the rows of a block, twice the blocks
 SMALL_ROWS = 128
+SM90_SMALL_ROWS = 64  # on sm_90 the wgmma tile takes over from 65 rows
 THREADS = 256  # round_bf16's block
-EPILOGUES = ("store", "silu_mul")
+EPILOGUES = ("store", "silu_mul", "silu_mul_bf16")  # the last: silu_mul rounded, bf16 bits out
 
 
 def tile_shape(tile: str) -> tuple[int, int, int, int]:
@@ -84,9 +85,9 @@ def pick_tile(rows: int, arch: str | None = None) -> str:
     (qwen3-8b's layer: w4_64x128_k64 133 us at M = 64 against 145 for wgmma and 203-255 for the
     other 128-row tiles; at M = 256 wgmma 249 us, w8_128x128_k64 368 us; at M = 1024 wgmma
     1040 us, w8_128x128_k64 1359 us)."""
-    if rows <= SMALL_ROWS:
-        return SMALL_TILE
-    return WGMMA_TILE if arch == "sm_90" else DEFAULT_TILE
+    if arch == "sm_90":  # at M = 128 wgmma 170 us against the small tile's 230 (a386ca1)
+        return SMALL_TILE if rows <= SM90_SMALL_ROWS else WGMMA_TILE
+    return SMALL_TILE if rows <= SMALL_ROWS else DEFAULT_TILE
 
 
 def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
@@ -118,14 +119,19 @@ def project(
     split_stride: int = 0,
     scratch: Any,
     tile: str | None = None,
+    rounded: Any = None,
 ) -> None:
     """out = round_bf16(x[:m]) . w^T, queued on the current stream: "store" writes `ksplit`
     partials (split z at out + z * split_stride floats, K cut as split_k_plan cuts it), which
     the consumer adds; "silu_mul" writes silu(gate) * up (gate/up rows interleaved in groups of
     8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
-    multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats;
+    multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats
+    ("silu_mul_bf16": uint16 rows of N / 2, silu_mul rounded to bf16: the down projection's
+    rounded input);
     scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES or
-    WGMMA_TILE (None: by the row count and the device, pick_tile)."""
+    WGMMA_TILE (None: by the row count and the device, pick_tile). rounded: round_bf16(x) already
+    written by x's producer (uint16, contiguous rows of K, >= m rows): the GEMM reads it and the
+    rounding pass is skipped (scratch unused)."""
     tile = pick_tile(m, getattr(rt, "arch", None)) if tile is None else tile
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
@@ -139,7 +145,7 @@ def project(
     n, k = w.out_features, w.in_features
     if k % CHUNK:
         raise ShapeError(f"w: in_features {k} must be a multiple of {CHUNK}")
-    if epilogue == "silu_mul" and (n % 16 or ksplit != 1):
+    if epilogue.startswith("silu_mul") and (n % 16 or ksplit != 1):
         raise ShapeError(
             f"silu_mul: needs gate/up rows in whole groups (out_features {n} % 16 == 0) and "
             f"one K split (found {ksplit})"
@@ -166,9 +172,51 @@ def project(
     m_tiles, n_tiles = -(-m // bm), -(-n // bn)
     if m_tiles > MAX_GRID_X or n_tiles > MAX_GRID_Y:
         raise ShapeError(f"gemm_bf16act: {m} x {n} outputs exceed one launch's grid")
+    if rounded is not None and (
+        rounded.dtype != np.uint16
+        or rounded.ndim != 2
+        or rounded.shape[0] < m
+        or rounded.shape[1] != k
+        or rounded.strides[0] != 2 * k
+        or rounded.data.ptr % 16
+    ):
+        raise ShapeError(
+            f"rounded: expected a 16-byte-aligned uint16 [>= {m}, {k}] with contiguous rows"
+        )
+    ldy = _out_stride(out, n, epilogue)
     if m == 0:
         return
+    xb = scratch if rounded is None else rounded
     quads = m * (k // 4)
+    if rounded is None:
+        _round(rt, x, ldx, scratch, m, k, quads)
+    rt.launch(
+        GEMM[epilogue, tile],
+        (m_tiles, n_tiles, ksplit),
+        threads,
+        smem,
+        W=w.data,
+        Xb=xb,
+        Y=out,
+        ldy=ldy,
+        M=m,
+        N=n,
+        K=k,
+        chunks_per_split=per_split,
+        split_stride=split_stride,
+    )
+
+
+def _out_stride(out: Any, n: int, epilogue: str) -> int:
+    """Elements between two rows of out: floats, or bf16 elements for silu_mul_bf16."""
+    if epilogue == "silu_mul_bf16":
+        if out.dtype != np.uint16 or out.ndim != 2 or out.strides[1] != 2:
+            raise ShapeError("out: silu_mul_bf16 writes uint16 rows of N / 2 contiguous elements")
+        return out.strides[0] // 2
+    return row_stride(out, n // 2 if epilogue == "silu_mul" else n)
+
+
+def _round(rt: Runtime, x: Any, ldx: int, xb: Any, m: int, k: int, quads: int) -> None:
     rt.launch(
         ROUND,
         (min(-(-quads // THREADS), 4 * 1024),),
@@ -176,22 +224,7 @@ def project(
         0,
         X=x,
         ldx=ldx,
-        Xb=scratch,
+        Xb=xb,
         M=m,
         K=k,
-    )
-    rt.launch(
-        GEMM[epilogue, tile],
-        (m_tiles, n_tiles, ksplit),
-        threads,
-        smem,
-        W=w.data,
-        Xb=scratch,
-        Y=out,
-        ldy=row_stride(out, n // 2 if epilogue == "silu_mul" else n),
-        M=m,
-        N=n,
-        K=k,
-        chunks_per_split=per_split,
-        split_stride=split_stride,
     )

@@ -16,7 +16,7 @@ RESIDUAL_RMS_NORM = FAMILY.kernel(
     "residual_rms_norm",
     "const float* part, int n_split, long long split_stride, "
     "const float* resid_in, float* resid_out, const float* bias, const float* w, float* out, "
-    "int n, float eps",
+    "int n, float eps, unsigned short* out_b",
 )
 
 
@@ -34,9 +34,12 @@ def residual_rms_norm(
     split_stride: int = 0,
     bias: Any = None,
     resid_out: Any = None,
+    out_b: Any = None,
 ) -> None:
     """v = resid_in + the n_split partials + bias (each optional); resid_out = v;
-    out = RMSNorm(v) * w. Rows of n, contiguous. resid_in = x alone is a plain RMSNorm."""
+    out = RMSNorm(v) * w. Rows of n, contiguous. resid_in = x alone is a plain RMSNorm.
+    out_b: a uint16 array of out's layout that also gets out rounded to bf16 (the rounded
+    activations a batched round's bf16 GEMMs read), or None."""
     if rows:
         threads = min(1024, max(32, -(-(n // 4) // 32) * 32))  # one float4 per thread
         rt.launch(
@@ -53,4 +56,5 @@ def residual_rms_norm(
             out=out,
             n=n,
             eps=eps,
+            out_b=out_b,
         )
