@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .ops import attention, linear
+from .ops import attention, gemm_bf16act, linear
 from .rope import attention_factor, inv_freq
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,6 +43,7 @@ class RoundBuffers(KSplits):
     attn: Any
     ff: Any
     kv_part: Any
+    kv_xb: Any  # uint16, or None
 
     def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> None:
         super().__init__(e, layer)
@@ -52,6 +53,10 @@ class RoundBuffers(KSplits):
         self.att = attention.Scratch(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
+        # ingest_ctx's hi/lo bf16 rows on sm_90 (gemm.ingest_plan: half of kv_part's rows)
+        self.kv_xb = None
+        if seqs == 1 and gemm_bf16act.takes_ingest(e, layer.kv):
+            self.kv_xb = e.empty((_kv_xb_elements(cfg, self),), np.uint16)
         specs = [cfg.rope_of(i) for i in range(cfg.n_layer)]
         self.inv_freq = e.upload(np.stack([inv_freq(s, cfg.head_dim) for s in specs]))
         self.rope_factor = [attention_factor(s) for s in specs]
@@ -62,8 +67,16 @@ class RoundBuffers(KSplits):
         _, o_part, ml_part = attention.Scratch.shapes(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
-        shapes = [*_shapes(cfg, layer, seqs, KSplits(e, layer)).values(), o_part, ml_part]
-        return 4 * sum(int(np.prod(s)) for s in shapes)
+        ks = KSplits(e, layer)
+        shapes = [*_shapes(cfg, layer, seqs, ks).values(), o_part, ml_part]
+        hilo = seqs == 1 and gemm_bf16act.takes_ingest(e, layer.kv)
+        xb_bytes = 2 * _kv_xb_elements(cfg, ks) if hilo else 0
+        return 4 * sum(int(np.prod(s)) for s in shapes) + xb_bytes
+
+
+def _kv_xb_elements(cfg: DflashCfg, ks: KSplits) -> int:
+    """bf16 elements of the hi/lo scratch: hi and lo rows of kv_part's rows / 2, hidden wide."""
+    return ks.ks_kv * INGEST_CHUNK * cfg.hidden
 
 
 def _shapes(cfg: DflashCfg, layer: DflashLayer, seqs: int, ks: KSplits) -> dict[str, tuple]:

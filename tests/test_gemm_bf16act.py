@@ -131,3 +131,72 @@ def test_pick_tile_takes_wgmma_on_sm_90_above_the_small_rows(arch):
     large = gemm_bf16act.WGMMA_TILE if arch == "sm_90" else gemm_bf16act.DEFAULT_TILE
     assert gemm_bf16act.pick_tile(small + 1, arch) == large
     assert gemm_bf16act.pick_tile(4096, arch) == large
+
+
+class FlatOut(Scratch):
+    """A contiguous float32 fake whose flat view slices move the pointer (4 bytes a float)."""
+
+    flags = types.SimpleNamespace(c_contiguous=True)
+
+    def reshape(self, *shape):
+        return self
+
+    def __getitem__(self, key):
+        out = FlatOut((self.size - key.start,), ptr=self.data.ptr + 4 * key.start)
+        return out
+
+
+def test_project_split_launches_the_split_then_the_hi_and_lo_products():
+    m, n, k = 300, 2048, 4096
+    rt, launches = recording_rt()
+    rt.arch = "sm_90"
+    out = FlatOut((2 * m * n + 64,))
+    scratch = Scratch((2 * m * k,), dtype=np.uint16)
+    gemm_bf16act.project_split(
+        rt, fake_w(n=n, k=k), FakeArray((m, k)), m, out, m * n + 64, scratch=scratch
+    )
+    (split, sgrid, _, sa), (g1, grid1, _, a1), (g2, grid2, _, a2) = launches
+    assert split == "split_bf16" and sa["M"] == m and sa["K"] == k and sa["ldx"] == k
+    assert g1 == g2 == "gemm_bf16act_store_wgmma" and grid1 == grid2 == (3, 16, 1)
+    assert a1["M"] == a2["M"] == m and a1["ldy"] == a2["ldy"] == n
+    assert a2["Y"].data.ptr - a1["Y"].data.ptr == 4 * (m * n + 64)  # the lo partial
+    for refusal, match in [
+        (dict(stride=m * n - 1), "overlap"),
+        (dict(out=FlatOut((2 * m * n - 1,))), "out:"),
+        (dict(scratch=Scratch((2 * m * k - 1,), dtype=np.uint16)), "scratch"),
+    ]:
+        args = dict(stride=m * n, out=FlatOut((2 * m * n,)), scratch=scratch) | refusal
+        launches.clear()
+        with pytest.raises(ShapeError, match=match):
+            gemm_bf16act.project_split(
+                rt,
+                fake_w(n=n, k=k),
+                FakeArray((m, k)),
+                m,
+                args["out"],
+                args["stride"],
+                scratch=args["scratch"],
+            )
+        assert not launches
+
+
+def test_ingest_plan_takes_the_hi_lo_products_on_sm_90_bf16_only():
+    from pydflash.ops import gemm
+
+    rt, _ = recording_rt()
+    part = Scratch((8, 256, 2048))
+    xb = Scratch((8 * 256 * 4096,), dtype=np.uint16)
+    many, few = gemm.MIN_ROWS, gemm.MIN_ROWS - 1
+    for arch, fmt, rows, expect in [
+        ("sm_90", "bf16", many, (True, 1024, 2, 1024 * 2048)),
+        ("sm_90", "q8_0", many, (True, 2048, 1, 2048 * 2048)),  # gemm.cu
+        ("sm_89", "bf16", many, (True, 2048, 1, 2048 * 2048)),
+        ("sm_90", "bf16", few, (False, 256, 8, 256 * 2048)),  # the decode linear's chunks
+    ]:
+        rt.arch = arch
+        ws = [fake_w(fmt, n=2048, k=4096)] * 3
+        plan = gemm.ingest_plan(rt, ws, rows, part, 8, xb)
+        assert (plan.big, plan.chunk, plan.ks, plan.stride) == expect, (arch, fmt, rows)
+        assert (plan.xb is xb) == (expect[2] == 2)
+    rt.arch = "sm_90"  # a drafter without the scratch (a batched pool's buffers): gemm.cu
+    assert gemm.ingest_plan(rt, [fake_w(n=2048, k=4096)], many, part, 8, None).ks == 1
