@@ -4,7 +4,9 @@ exactly to bf16 in shared memory), f32 activations split hi/lo like the decode k
 (linear.cu), one f32 output (no split-K partials: n_split = 1 for the consumers).
 
 Where it is used: `DflashDraft.ingest_ctx` and `ctx_features` take this path when a call brings
-at least MIN_ROWS rows (`use_gemm`); fewer rows, and f32 weights, stay on linear.project. The two
+at least MIN_ROWS rows (`use_gemm`); fewer rows, and f32 weights, stay on linear.project. On
+sm_90 with bf16 weights ingest_ctx's projection takes gemm_bf16act.project_split instead (the
+same hi/lo activation split on the wgmma tile, two partials; `ingest_plan`). The two
 paths sum in different orders: a row agrees with itself bit for bit on the same path (a row's
 result never depends on the other rows of the call) and to rounding across paths."""
 
