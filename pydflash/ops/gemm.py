@@ -153,7 +153,8 @@ def ingest_plan(
     if not all(use_gemm(rt, w, rows) for w in ws):
         return IngestPlan(False, part.shape[1], ks_decode, part.shape[1] * n, None)
     if xb is not None and all(gemm_bf16act.takes_ingest(rt, w) for w in ws):
-        chunk = part.size // n // 2  # two partials: the hi and the lo products
+        half = part.size // n // 2  # two partials: the hi and the lo products
+        chunk = -(-rows // -(-rows // half))  # balanced: the last chunk computes no spare rows
         return IngestPlan(True, chunk, 2, chunk * n, xb)
     return IngestPlan(True, part.size // n, 1, part.size, None)
 

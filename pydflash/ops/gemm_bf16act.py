@@ -162,15 +162,22 @@ def project_split(
     """Two partials the consumer adds: out = hi(x[:m]) . w^T and out + split_stride floats =
     lo(x[:m]) . w^T, where x = hi + lo (split_bf16: the exact paths' activation split, ~16
     mantissa bits; the products exact, f32 accumulation: gemm.matmul's accuracy). The ingest
-    projection on sm_90 (wgmma). x: float32 [>= m, K] rows (row stride a multiple of 4 floats);
-    out: contiguous float32 of >= split_stride + m * N elements, each partial m contiguous rows
-    of N, the second split_stride >= m * N floats after the first; scratch: uint16, >= 2 * m * K
-    elements (16-byte aligned)."""
+    projection on sm_90 (wgmma). One GEMM launch over P + m rows, P = split_stride / N: the hi
+    rows at scratch rows [0, m), the lo rows at [P, P + m) (twice the blocks of a launch per
+    partial: the GPU filled at ingest's chunk sizes); rows [m, P) of the first partial are
+    scratch (computed from whatever the scratch holds there, never read by the consumer).
+    x: float32 [>= m, K] rows (row stride a multiple of 4 floats); out: contiguous float32 of
+    >= split_stride + m * N elements; split_stride a multiple of N, >= m * N; scratch: uint16,
+    >= (P + m) * K elements (16-byte aligned)."""
     tile = pick_tile(m, getattr(rt, "arch", None)) if tile is None else tile
     n, k = w.out_features, w.in_features
-    ldx = _check(rt, w, x, m, "store", 1, scratch, 2 * m * k, tile)
-    if split_stride < m * n:
-        raise ShapeError(f"split_stride {split_stride}: the two partials of {m} x {n} overlap")
+    rows = split_stride // n if n else 0
+    if split_stride < m * n or split_stride % max(n, 1):
+        raise ShapeError(
+            f"split_stride {split_stride}: must be a multiple of {n} floats and hold {m} rows "
+            "(the partials would overlap)"
+        )
+    ldx = _check(rt, w, x, m, "store", 1, scratch, (rows + m) * k, tile)
     if (
         getattr(out, "dtype", None) != np.float32
         or not out.flags.c_contiguous
@@ -182,11 +189,9 @@ def project_split(
         )
     if m == 0:
         return
-    flat = out.reshape(-1)
-    hi, lo = scratch[: m * k], scratch[m * k : 2 * m * k]
+    hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
     _launch_prepass(rt, SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
-    _launch_gemm(rt, w, hi, m, flat, "store", 1, 0, tile)
-    _launch_gemm(rt, w, lo, m, flat[split_stride:], "store", 1, 0, tile)
+    _launch_gemm(rt, w, scratch, rows + m, out.reshape(-1), "store", 1, 0, tile)
 
 
 def _check(
