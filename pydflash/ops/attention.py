@@ -184,17 +184,6 @@ def _splits(rt: Runtime, n_kv: int, smem: int, spec: Any, threads: int) -> int:
     return max(1, rt.sm_count * per_sm // n_kv)
 
 
-def shared_splits(wave_splits: int, n_kv: int, n_seq: int) -> int:
-    """The splits a sequence of the rounded batched mode: about two waves of blocks shared
-    among the n_seq sequences, then as many as fill the last wave (a grid of 2.26 waves costs
-    three: on the H200 at B = 16, 9 splits a sequence instead of 7). wave_splits: the splits
-    one sequence alone would take (a wave of blocks / n_kv)."""
-    wave = wave_splits * n_kv
-    base = -(-2 * wave_splits // n_seq)
-    waves = -(-base * n_kv * n_seq // wave)
-    return max(base, waves * wave // (n_kv * n_seq))
-
-
 def _smem(rt: Runtime, rows: int, hd: int, path: str, kv: str) -> tuple[int, int]:
     """(shared memory bytes, FFMA stages) of one partial launch."""
     if path == "tc":
@@ -270,7 +259,7 @@ def attend(
         smem, stages = _smem(rt, 16 * rpt, hd, path, kv)
         target = splits or _splits(rt, n_kv, smem, spec, threads)
         if rounded and not splits:
-            target = shared_splits(target, n_kv, n_seq)
+            target = -(-2 * target // n_seq)
         target = min(target, scratch.max_splits)
         grid_splits = max(1, min(target, -(-max_keys // tile)))
         rt.launch(
