@@ -31,7 +31,7 @@ from .kv import DflashKv, positions_ringable
 from .ops import attention, gemm, linear, norm, qkv_rope
 from .ops.elementwise import scatter_block_pos
 from .ops.seqs import Seqs
-from .round_buffers import INGEST_CHUNK, RoundBuffers
+from .round_buffers import RoundBuffers
 from .tensor import GpuTensor
 from .weights import (
     PRECISIONS,
@@ -194,18 +194,18 @@ class DflashDraft(BatchApi):
             # a ring keeps the last ring_rows rows of a long ingest: rows below are not written
             rings = [kv.layer_ring(li, c) for li in range(c.n_layer)]
             keep = [start + t - r if r else 0 for r in rings]
-            # many rows: the tiled GEMM, one partial over all of kv_part; else split-K chunks
-            big = all(gemm.use_gemm(e, la.kv, t) for la in self.layers)
-            chunk, ks = (
-                (buf.kv_part.size // (2 * c.kv_dim), 1) if big else (INGEST_CHUNK, buf.ks_kv)
-            )
-            stride = INGEST_CHUNK * 2 * c.kv_dim
-            for r0 in range(0, t, chunk):
-                m, row = min(chunk, t - r0), start + r0
+            # many rows: the tiled GEMM over all of kv_part (sm_90 bf16: hi and lo partials);
+            # else the decode linear's split-K partials, INGEST_CHUNK rows a launch
+            kvs: list = [la.kv for la in self.layers]
+            plan = gemm.ingest_plan(e, kvs, t, buf.kv_part, buf.ks_kv, buf.kv_xb)
+            big, ks, stride = plan.big, plan.ks, plan.stride
+            for r0 in range(0, t, plan.chunk):
+                m, row = min(plan.chunk, t - r0), start + r0
                 for li, layer in enumerate(self.layers):
                     if row + m <= keep[li]:
                         continue  # every row of this chunk is overwritten later in the ring
-                    gemm.project_rows(e, layer.kv, f[r0 : r0 + m], m, buf.kv_part, big, ks, stride)
+                    x = f[r0 : r0 + m]
+                    gemm.project_rows(e, layer.kv, x, m, buf.kv_part, big, ks, stride, plan.xb)
                     qkv_rope.qkv_norm_rope(
                         e,
                         buf.kv_part,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .ops import attention, linear
+from .ops import attention, gemm_bf16act, linear
 from .rope import attention_factor, inv_freq
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -16,6 +16,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .weights import DflashLayer
 
 INGEST_CHUNK = 256  # ctx rows projected per launch in ingest_ctx (bounds its buffers)
+# kv_part's rows where ingest takes gemm_bf16act.project_split (hi and lo rows of 2048 ctx rows
+# a launch: 512 blocks of the wgmma tile at qwen3-8b's kv width, ~2 waves on an H200; kv_part
+# of ks_kv * INGEST_CHUNK = 1024 rows gave launches of 64-128 blocks, measured 5.4-6.0 ms for
+# 4096 rows, slower than gemm.cu's 3.6)
+HILO_ROWS = 4096
 
 
 class KSplits:
@@ -43,14 +48,22 @@ class RoundBuffers(KSplits):
     attn: Any
     ff: Any
     kv_part: Any
+    kv_xb: Any  # uint16, or None
 
     def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> None:
         super().__init__(e, layer)
         self.seqs = seqs
-        for name, shape in _shapes(cfg, layer, seqs, self).items():
+        hilo = seqs == 1 and gemm_bf16act.takes_ingest(e, layer.kv)
+        for name, shape in _shapes(cfg, layer, seqs, self, hilo).items():
             setattr(self, name, e.empty(shape))
         self.att = attention.Scratch(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
+        )
+        # ingest_ctx's hi/lo bf16 rows on sm_90 (gemm.ingest_plan): kv_part's rows, hidden wide
+        self.kv_xb = (
+            e.empty((self.kv_part.shape[0] * INGEST_CHUNK * cfg.hidden,), np.uint16)
+            if hilo
+            else None
         )
         specs = [cfg.rope_of(i) for i in range(cfg.n_layer)]
         self.inv_freq = e.upload(np.stack([inv_freq(s, cfg.head_dim) for s in specs]))
@@ -62,11 +75,16 @@ class RoundBuffers(KSplits):
         _, o_part, ml_part = attention.Scratch.shapes(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
-        shapes = [*_shapes(cfg, layer, seqs, KSplits(e, layer)).values(), o_part, ml_part]
-        return 4 * sum(int(np.prod(s)) for s in shapes)
+        hilo = seqs == 1 and gemm_bf16act.takes_ingest(e, layer.kv)
+        shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo)
+        xb_bytes = 2 * shapes["kv_part"][0] * INGEST_CHUNK * cfg.hidden if hilo else 0
+        f32 = [*shapes.values(), o_part, ml_part]
+        return 4 * sum(int(np.prod(s)) for s in f32) + xb_bytes
 
 
-def _shapes(cfg: DflashCfg, layer: DflashLayer, seqs: int, ks: KSplits) -> dict[str, tuple]:
+def _shapes(
+    cfg: DflashCfg, layer: DflashLayer, seqs: int, ks: KSplits, hilo: bool = False
+) -> dict[str, tuple]:
     """The float32 buffers of a round over `seqs` stacked blocks, by name."""
     m, h = seqs * cfg.block_size, cfg.hidden
     return {
@@ -79,5 +97,9 @@ def _shapes(cfg: DflashCfg, layer: DflashLayer, seqs: int, ks: KSplits) -> dict[
         "q": (m, cfg.q_dim),
         "attn": (m, cfg.q_dim),
         "ff": (m, cfg.n_ff),
-        "kv_part": (ks.ks_kv, INGEST_CHUNK, 2 * cfg.kv_dim),
+        "kv_part": (
+            max(ks.ks_kv, HILO_ROWS // INGEST_CHUNK) if hilo else ks.ks_kv,
+            INGEST_CHUNK,
+            2 * cfg.kv_dim,
+        ),
     }

@@ -156,6 +156,47 @@ def test_a_rounded_copy_from_the_producer_skips_the_rounding_pass():
         assert not launches
 
 
+class FlatOut(Scratch):
+    """A contiguous float32 fake whose flat view slices move the pointer (4 bytes a float)."""
+
+    flags = types.SimpleNamespace(c_contiguous=True)
+
+    def reshape(self, *shape):
+        return self
+
+    def __getitem__(self, key):
+        out = FlatOut((self.size - key.start,), ptr=self.data.ptr + 4 * key.start)
+        return out
+
+
+def test_project_split_launches_the_split_then_one_product_over_both_partials():
+    m, n, k, spare = 300, 2048, 4096, 5
+    rows = m + spare  # rows a partial: split_stride / N
+    rt, launches = recording_rt()
+    rt.arch = "sm_90"
+    out = FlatOut((2 * rows * n,))
+    scratch = Scratch(((rows + m) * k,), dtype=np.uint16)
+    w, x = fake_w(n=n, k=k), FakeArray((m, k))
+    gemm_bf16act.project_split(rt, w, x, m, out, rows * n, scratch=scratch)
+    (split, _, _, sa), (name, grid, _, a) = launches
+    assert split == "split_bf16" and sa["M"] == m and sa["K"] == k and sa["ldx"] == k
+    assert name == "gemm_bf16act_store_wgmma" and grid == (-(-(rows + m) // 128), 16, 1)
+    assert a["M"] == rows + m and a["ldy"] == n and a["Xb"] is scratch
+    for refusal, match in [
+        (dict(stride=m * n - n), "split_stride"),
+        (dict(stride=rows * n + 1), "split_stride"),
+        (dict(out=FlatOut((rows * n + m * n - 1,))), "out:"),
+        (dict(scratch=Scratch(((rows + m) * k - 1,), dtype=np.uint16)), "scratch"),
+    ]:
+        args = dict(stride=rows * n, out=FlatOut((2 * rows * n,)), scratch=scratch) | refusal
+        launches.clear()
+        with pytest.raises(ShapeError, match=match):
+            gemm_bf16act.project_split(
+                rt, w, x, m, args["out"], args["stride"], scratch=args["scratch"]
+            )
+        assert not launches
+
+
 def test_silu_mul_bf16_writes_bf16_rows_and_refuses_float_out():
     m, n, k = 256, 512, 128
     rt, launches = recording_rt()
@@ -171,3 +212,27 @@ def test_silu_mul_bf16_writes_bf16_rows_and_refuses_float_out():
     with pytest.raises(ShapeError, match="silu_mul"):  # one K split, as silu_mul
         gemm_bf16act.project(rt, *args, out, "silu_mul_bf16", ksplit=2, scratch=scratch)
     assert not launches
+
+
+def test_ingest_plan_takes_the_hi_lo_products_on_sm_90_bf16_only():
+    from pydflash.ops import gemm
+
+    rt, _ = recording_rt()
+    part = Scratch((8, 256, 2048))
+    xb = Scratch((8 * 256 * 4096,), dtype=np.uint16)
+    many, few = 4096, gemm.MIN_ROWS - 1
+    for arch, fmt, rows, expect in [
+        ("sm_90", "bf16", many, (True, 1024, 2, 1024 * 2048)),
+        ("sm_90", "bf16", 1500, (True, 750, 2, 750 * 2048)),  # balanced chunks
+        ("sm_90", "bf16", gemm.MIN_ROWS, (True, gemm.MIN_ROWS, 2, gemm.MIN_ROWS * 2048)),
+        ("sm_90", "q8_0", many, (True, 2048, 1, 2048 * 2048)),  # gemm.cu
+        ("sm_89", "bf16", many, (True, 2048, 1, 2048 * 2048)),
+        ("sm_90", "bf16", few, (False, 256, 8, 256 * 2048)),  # the decode linear's chunks
+    ]:
+        rt.arch = arch
+        ws = [fake_w(fmt, n=2048, k=4096)] * 3
+        plan = gemm.ingest_plan(rt, ws, rows, part, 8, xb)
+        assert (plan.big, plan.chunk, plan.ks, plan.stride) == expect, (arch, fmt, rows)
+        assert (plan.xb is xb) == (expect[2] == 2)
+    rt.arch = "sm_90"  # a drafter without the scratch (a batched pool's buffers): gemm.cu
+    assert gemm.ingest_plan(rt, [fake_w(n=2048, k=4096)], many, part, 8, None).ks == 1

@@ -164,3 +164,44 @@ def test_refusals(engine, rng):
             )
         with pytest.raises(ShapeError, match="x:"):
             gemm_bf16act.project(e, w, x[:, :32], 64, out, scratch=scratch_for(64, 64))
+
+
+@pytest.mark.parametrize(
+    "m,n,k", [(64, 128, 32), (200, 2048, 4096), (1000, 136, 1056), (129, 8, 64)]
+)
+@pytest.mark.parametrize("tile", ["w4_64x128_k64", "w8_128x128_k64", "wgmma_128x128_k64"])
+def test_split_partials_are_the_hi_and_lo_products(engine, rng, m, n, k, tile):
+    """project_split (ingest_ctx's projection on sm_90): partial 0 = hi(x) . w^T and partial 1
+    = lo(x) . w^T, x = hi + lo to ~2^-16 (the exact paths' split), each within f32 summation
+    rounding of its float64 product, and their sum within the split's residue of the f32
+    product: gemm.matmul's accuracy, not the bf16-activation rounding."""
+    from pydflash.ops import gemm_bf16act
+
+    e = engine
+    needs_arch(e, tile)
+    w, wd = weight(e, rng, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, :] *= 1e3
+    x[-1, :] *= 1e-3
+    stride = (m + 3) * n  # 3 spare rows after the first partial (scratch rows)
+    out = cp.full((2 * stride,), np.nan, np.float32)
+    with e.ordered():
+        gemm_bf16act.project_split(
+            e, w, cp.asarray(x), m, out, stride, scratch=scratch_for(2 * m + 3, k), tile=tile
+        )
+    got = cp.asnumpy(out)
+    assert np.isnan(got[stride + m * n :]).all(), "wrote past the second partial"
+    hi = bf16(x)
+    lo = bf16(x - hi)  # the remainder is exact in f32: x and hi share the exponent range
+    for part, xs, what in ((got[: m * n], hi, "hi"), (got[stride : stride + m * n], lo, "lo")):
+        bounded(part.reshape(m, n), xs @ wd.T, np.abs(xs) @ np.abs(wd).T, k, what)
+    total = got[: m * n].astype(np.float64) + got[stride : stride + m * n]
+    exact = x.astype(np.float64) @ wd.T
+    scale = np.abs(x.astype(np.float64)) @ np.abs(wd).T
+    # lo drops < 2^-17 of each |x| (two roundings of ~8 bits), the sums ~k / 8 ulps
+    bound = (2.0**-16 + (k / 8 + 32) * 2.0**-23) * scale.reshape(-1) + 1e-30
+    err = np.abs(total - exact.reshape(-1))
+    assert (err <= bound).all(), f"{(err > bound).sum()} elements past the split bound"
+    rel = np.linalg.norm(total - exact.reshape(-1)) / np.linalg.norm(exact)
+    print(f"gemm_bf16act split M={m} N={n} K={k} {tile}: rel to the f32 product {rel:.2e}")
+    assert rel < 1e-5

@@ -4,19 +4,22 @@ exactly to bf16 in shared memory), f32 activations split hi/lo like the decode k
 (linear.cu), one f32 output (no split-K partials: n_split = 1 for the consumers).
 
 Where it is used: `DflashDraft.ingest_ctx` and `ctx_features` take this path when a call brings
-at least MIN_ROWS rows (`use_gemm`); fewer rows, and f32 weights, stay on linear.project. The two
+at least MIN_ROWS rows (`use_gemm`); fewer rows, and f32 weights, stay on linear.project. On
+sm_90 with bf16 weights ingest_ctx's projection takes gemm_bf16act.project_split instead (the
+same hi/lo activation split on the wgmma tile, two partials; `ingest_plan`). The two
 paths sum in different orders: a row agrees with itself bit for bit on the same path (a row's
 result never depends on the other rows of the call) and to rounding across paths."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..errors import DeviceError, ShapeError
 from ..kernels import Family
-from . import linear
+from . import gemm_bf16act, linear
+from .linear_split import checked_row_stride
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -82,19 +85,6 @@ def flops(m: int, n: int, k: int) -> tuple[int, int]:
     return 2 * m * n * k, 4 * m * n * k
 
 
-def checked_row_stride(a: Any, name: str, rows: int, cols: int) -> int:
-    """Row stride in floats of a float32 device matrix with >= rows rows of >= cols columns."""
-    if not (hasattr(a, "data") and hasattr(a.data, "ptr")) or a.dtype != np.float32:
-        raise ShapeError(f"{name}: expected a float32 device array")
-    if a.ndim != 2 or a.shape[0] < rows or a.shape[1] < cols:
-        raise ShapeError(
-            f"{name}: expected a 2-D array of at least [{rows}, {cols}], found {list(a.shape)}"
-        )
-    if a.strides[1] != 4 or a.strides[0] % 4:
-        raise ShapeError(f"{name}: columns must be contiguous (strides {a.strides})")
-    return a.strides[0] // 4
-
-
 def matmul(rt: Runtime, w: GpuTensor, x: Any, m: int, out: Any) -> None:
     """out[:m, :N] = x[:m, :K] . w^T, queued on the current stream. x and out are float32 device
     matrices with contiguous columns (any row stride; x 16-byte aligned with a row stride that
@@ -141,6 +131,34 @@ def matmul(rt: Runtime, w: GpuTensor, x: Any, m: int, out: Any) -> None:
         )
 
 
+class IngestPlan(NamedTuple):
+    """How ingest_ctx projects a call's rows into its partial buffer: `chunk` rows a launch,
+    `ks` partials `stride` floats apart for the consumer; big: the tiled GEMM (gemm.matmul, one
+    partial; or with `xb`, the bf16 scratch, gemm_bf16act.project_split: hi and lo partials),
+    else the decode linear's split-K partials."""
+
+    big: bool
+    chunk: int
+    ks: int
+    stride: int
+    xb: Any
+
+
+def ingest_plan(
+    rt: Runtime, ws: list[GpuTensor], rows: int, part: Any, ks_decode: int, xb: Any
+) -> IngestPlan:
+    """The plan for a call of `rows` rows through every layer's kv weight `ws`, into `part`
+    [ks_decode, chunk, N] (xb: the hi/lo scratch where the drafter has one, else None)."""
+    n = part.shape[-1]
+    if not all(use_gemm(rt, w, rows) for w in ws):
+        return IngestPlan(False, part.shape[1], ks_decode, part.shape[1] * n, None)
+    if xb is not None and all(gemm_bf16act.takes_ingest(rt, w) for w in ws):
+        half = part.size // n // 2  # two partials: the hi and the lo products
+        chunk = -(-rows // -(-rows // half))  # balanced: the last chunk computes no spare rows
+        return IngestPlan(True, chunk, 2, chunk * n, xb)
+    return IngestPlan(True, part.size // n, 1, part.size, None)
+
+
 def project_rows(
     rt: Runtime,
     w: GpuTensor,
@@ -150,11 +168,16 @@ def project_rows(
     big: bool,
     ksplit: int,
     split_stride: int,
+    xb: Any = None,
 ) -> None:
     """The projection of m rows on the path their call takes (`big` = use_gemm): the GEMM,
     one partial over the start of `part` (rows of w.out_features, n_split = 1 for the
-    consumer), or linear.project's `ksplit` partials split_stride apart."""
-    if big:
+    consumer) or, given the bf16 scratch xb, gemm_bf16act's hi and lo partials split_stride
+    apart (n_split = 2); or linear.project's `ksplit` partials split_stride apart."""
+    if big and xb is not None:  # one tile for every row count: a row's bits never depend on m
+        tile = gemm_bf16act.WGMMA_TILE
+        gemm_bf16act.project_split(rt, w, x, m, part, split_stride, scratch=xb, tile=tile)
+    elif big:
         matmul(rt, w, x, m, part.reshape(-1, w.out_features))
     else:
         linear.project(rt, w, x, m, part, ksplit=ksplit, split_stride=split_stride)

@@ -15,8 +15,7 @@ import numpy as np
 
 from ..errors import DeviceError, ShapeError
 from ..kernels import Family
-from .gemm import checked_row_stride
-from .linear_split import CHUNK, row_stride, split_k_plan
+from .linear_split import CHUNK, checked_row_stride, row_stride, split_k_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -65,6 +64,10 @@ FAMILY = Family("gemm_bf16act", {})
 ROUND = FAMILY.kernel(
     "round_bf16", "const float* X, long long ldx, unsigned short* Xb, int M, int K"
 )
+SPLIT = FAMILY.kernel(
+    "split_bf16",
+    "const float* X, long long ldx, unsigned short* Xhi, unsigned short* Xlo, int M, int K",
+)
 _SIG = (
     "const unsigned short* W, const unsigned short* Xb, float* Y, long long ldy, int M, int N, "
     "int K, int chunks_per_split, long long split_stride"
@@ -95,6 +98,17 @@ def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
     ring fits the device's shared memory."""
     smem = tile_shape(pick_tile(rows, getattr(rt, "arch", None)))[3]
     return w.fmt == "bf16" and rows >= MIN_ROWS and smem <= rt.smem_per_block
+
+
+def takes_ingest(rt: Runtime, w: GpuTensor) -> bool:
+    """Whether ingest_ctx's many-row projection through w runs here (project_split on the
+    wgmma tile: bf16 weights on sm_90, where it was measured against gemm.cu) instead of
+    gemm.matmul."""
+    return (
+        w.fmt == "bf16"
+        and getattr(rt, "arch", None) == "sm_90"
+        and tile_shape(WGMMA_TILE)[3] <= rt.smem_per_block
+    )
 
 
 def scratch_elements(k_max: int, rows: int) -> int:
@@ -133,6 +147,86 @@ def project(
     written by x's producer (uint16, contiguous rows of K, >= m rows): the GEMM reads it and the
     rounding pass is skipped (scratch unused)."""
     tile = pick_tile(m, getattr(rt, "arch", None)) if tile is None else tile
+    k = w.in_features
+    ldx = _check(rt, w, x, m, epilogue, ksplit, scratch, m * k, tile)
+    if rounded is not None and (
+        rounded.dtype != np.uint16
+        or rounded.ndim != 2
+        or rounded.shape[0] < m
+        or rounded.shape[1] != k
+        or rounded.strides[0] != 2 * k
+        or rounded.data.ptr % 16
+    ):
+        raise ShapeError(
+            f"rounded: expected a 16-byte-aligned uint16 [>= {m}, {k}] with contiguous rows"
+        )
+    _out_stride(out, w.out_features, epilogue)  # refused before anything is queued
+    if m == 0:
+        return
+    if rounded is None:
+        _launch_prepass(rt, ROUND, x, ldx, m, k, Xb=scratch)
+    xb = scratch if rounded is None else rounded
+    _launch_gemm(rt, w, xb, m, out, epilogue, ksplit, split_stride, tile)
+
+
+def project_split(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    out: Any,
+    split_stride: int,
+    *,
+    scratch: Any,
+    tile: str | None = None,
+) -> None:
+    """Two partials the consumer adds: out = hi(x[:m]) . w^T and out + split_stride floats =
+    lo(x[:m]) . w^T, where x = hi + lo (split_bf16: the exact paths' activation split, ~16
+    mantissa bits; the products exact, f32 accumulation: gemm.matmul's accuracy). The ingest
+    projection on sm_90 (wgmma). One GEMM launch over P + m rows, P = split_stride / N: the hi
+    rows at scratch rows [0, m), the lo rows at [P, P + m) (twice the blocks of a launch per
+    partial: the GPU filled at ingest's chunk sizes); rows [m, P) of the first partial are
+    scratch (computed from whatever the scratch holds there, never read by the consumer).
+    x: float32 [>= m, K] rows (row stride a multiple of 4 floats); out: contiguous float32 of
+    >= split_stride + m * N elements; split_stride a multiple of N, >= m * N; scratch: uint16,
+    >= (P + m) * K elements (16-byte aligned)."""
+    tile = pick_tile(m, getattr(rt, "arch", None)) if tile is None else tile
+    n, k = w.out_features, w.in_features
+    rows = split_stride // n if n else 0
+    if split_stride < m * n or split_stride % max(n, 1):
+        raise ShapeError(
+            f"split_stride {split_stride}: must be a multiple of {n} floats and hold {m} rows "
+            "(the partials would overlap)"
+        )
+    ldx = _check(rt, w, x, m, "store", 1, scratch, (rows + m) * k, tile)
+    if (
+        getattr(out, "dtype", None) != np.float32
+        or not out.flags.c_contiguous
+        or out.size < split_stride + m * n
+    ):
+        raise ShapeError(
+            f"out: expected a contiguous float32 device array of >= {split_stride + m * n} "
+            f"elements (two partials of {m} x {n}, {split_stride} apart)"
+        )
+    if m == 0:
+        return
+    hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
+    _launch_prepass(rt, SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
+    _launch_gemm(rt, w, scratch, rows + m, out.reshape(-1), "store", 1, 0, tile)
+
+
+def _check(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    epilogue: str,
+    ksplit: int,
+    scratch: Any,
+    scratch_min: int,
+    tile: str,
+) -> int:
+    """Every refusal of a call, before anything is queued; returns x's row stride."""
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
     if tile not in TILES and tile != WGMMA_TILE:
@@ -153,9 +247,9 @@ def project(
     ldx = checked_row_stride(x, "x", m, k)
     if ldx % 4 or x.data.ptr % 16:  # round_bf16 reads float4s
         raise ShapeError(f"x: rows must be 16-byte aligned (pointer, row stride {ldx} floats)")
-    if scratch.dtype != np.uint16 or scratch.size < m * k or scratch.data.ptr % 16:
+    if scratch.dtype != np.uint16 or scratch.size < scratch_min or scratch.data.ptr % 16:
         raise ShapeError(
-            f"scratch: expected a 16-byte-aligned uint16 device array of >= {m * k} elements"
+            f"scratch: expected a 16-byte-aligned uint16 device array of >= {scratch_min} elements"
         )
     if w.data.data.ptr % 16:
         raise ShapeError("w: weight rows must be 16-byte aligned")
@@ -172,37 +266,43 @@ def project(
     m_tiles, n_tiles = -(-m // bm), -(-n // bn)
     if m_tiles > MAX_GRID_X or n_tiles > MAX_GRID_Y:
         raise ShapeError(f"gemm_bf16act: {m} x {n} outputs exceed one launch's grid")
-    if rounded is not None and (
-        rounded.dtype != np.uint16
-        or rounded.ndim != 2
-        or rounded.shape[0] < m
-        or rounded.shape[1] != k
-        or rounded.strides[0] != 2 * k
-        or rounded.data.ptr % 16
-    ):
-        raise ShapeError(
-            f"rounded: expected a 16-byte-aligned uint16 [>= {m}, {k}] with contiguous rows"
-        )
-    ldy = _out_stride(out, n, epilogue)
-    if m == 0:
-        return
-    xb = scratch if rounded is None else rounded
+    return ldx
+
+
+def _launch_prepass(rt: Runtime, kernel: Any, x: Any, ldx: int, m: int, k: int, **out: Any) -> None:
+    """round_bf16 (Xb) or split_bf16 (Xhi, Xlo) over x[:m] (checked by _check)."""
     quads = m * (k // 4)
-    if rounded is None:
-        _round(rt, x, ldx, scratch, m, k, quads)
+    grid = (min(-(-quads // THREADS), 4 * 1024),)
+    rt.launch(kernel, grid, THREADS, 0, X=x, ldx=ldx, M=m, K=k, **out)
+
+
+def _launch_gemm(
+    rt: Runtime,
+    w: GpuTensor,
+    xb: Any,
+    m: int,
+    out: Any,
+    epilogue: str,
+    ksplit: int,
+    split_stride: int,
+    tile: str,
+) -> None:
+    """The GEMM over m bf16 rows xb (checked by _check)."""
+    bm, bn, threads, smem = tile_shape(tile)
+    n, k = w.out_features, w.in_features
     rt.launch(
         GEMM[epilogue, tile],
-        (m_tiles, n_tiles, ksplit),
+        (-(-m // bm), -(-n // bn), ksplit),
         threads,
         smem,
         W=w.data,
         Xb=xb,
         Y=out,
-        ldy=ldy,
+        ldy=_out_stride(out, n, epilogue),
         M=m,
         N=n,
         K=k,
-        chunks_per_split=per_split,
+        chunks_per_split=split_k_plan(k // CHUNK, ksplit)[1],
         split_stride=split_stride,
     )
 
@@ -214,17 +314,3 @@ def _out_stride(out: Any, n: int, epilogue: str) -> int:
             raise ShapeError("out: silu_mul_bf16 writes uint16 rows of N / 2 contiguous elements")
         return out.strides[0] // 2
     return row_stride(out, n // 2 if epilogue == "silu_mul" else n)
-
-
-def _round(rt: Runtime, x: Any, ldx: int, xb: Any, m: int, k: int, quads: int) -> None:
-    rt.launch(
-        ROUND,
-        (min(-(-quads // THREADS), 4 * 1024),),
-        THREADS,
-        0,
-        X=x,
-        ldx=ldx,
-        Xb=xb,
-        M=m,
-        K=k,
-    )

@@ -1,11 +1,15 @@
 """What both decode linears (linear.cu via ops.linear, linear_v3.cu via ops.linear_v3) share
-and no kernel: the 32-chunk K walk, the split-K plan, the epilogue names and the weight protocol
-the launchers read. (Its own module so that linear can dispatch to linear_v3 without an import
-cycle.)"""
+and no kernel: the 32-chunk K walk, the split-K plan, the epilogue names, the weight protocol
+the launchers read and the row-stride check of the GEMMs' operands. (Its own module so that
+linear can dispatch to linear_v3, and gemm to gemm_bf16act, without an import cycle.)"""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import ShapeError
 
 CHUNK = 32  # K walks 32-wide chunks (= the GGML block)
 MAX_K_SPLITS = 16
@@ -58,3 +62,16 @@ def split_k_plan(chunks: int, want: int) -> tuple[int, int]:
     want = max(1, min(want, chunks))
     per_split = -(-chunks // want)
     return -(-chunks // per_split), per_split
+
+
+def checked_row_stride(a: Any, name: str, rows: int, cols: int) -> int:
+    """Row stride in floats of a float32 device matrix with >= rows rows of >= cols columns."""
+    if not (hasattr(a, "data") and hasattr(a.data, "ptr")) or a.dtype != np.float32:
+        raise ShapeError(f"{name}: expected a float32 device array")
+    if a.ndim != 2 or a.shape[0] < rows or a.shape[1] < cols:
+        raise ShapeError(
+            f"{name}: expected a 2-D array of at least [{rows}, {cols}], found {list(a.shape)}"
+        )
+    if a.strides[1] != 4 or a.strides[0] % 4:
+        raise ShapeError(f"{name}: columns must be contiguous (strides {a.strides})")
+    return a.strides[0] // 4
