@@ -79,6 +79,15 @@ __device__ __forceinline__ void mma_split3(float (&c)[4], const unsigned (&a_hi)
 // of matrix m; register m of lane (g, t) = lane (4g + t) holds matrix m's elements
 // (row 2t, column g) and (row 2t + 1, column g): from a row-major [key][dim] tile, the
 // col-major B fragment of a k16 x n8 MMA.
+// Four 8x8 b16 matrices from shared memory: lanes 8m..8m+7 give the row addresses of matrix m;
+// register m of lane (g, t) = lane (4g + t) holds matrix m's (row g, columns 2t, 2t + 1).
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
 __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const void* p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -670,20 +679,41 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
     const int tid = threadIdx.x, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
-    // tile `tile` of this split -> buffer tile % ST (zero-filled past k_end); no commit
+    // tile `tile` of this split -> buffer tile % ST (zero-filled past k_end); no commit. A
+    // thread copies one 16-byte column c of rows j0, j0 + JSTEP, ...: fixed trip counts and
+    // offsets computed once (the per-copy index arithmetic was most of a tile's instructions)
+    constexpr int THREADS = 32 * W, JSTEP = THREADS / CPR;
+    constexpr int PER = (TT + JSTEP - 1) / JSTEP, KPER = (TT + THREADS - 1) / THREADS;
+    static_assert(THREADS % CPR == 0, "a thread's 16-byte column must stay fixed");
+    const int j0 = tid / CPR;
+    const long long col = (long long)kvh * HD + 8 * (tid % CPR);
+    const long long safe_row = kv_row(k_begin, ring) * ldkv + col;  // valid source, zero-filled
+    const long long step = JSTEP * ldkv;
     auto load_tile = [&](int tile) {
         const int kt = k_begin + tile * TT, slot = tile % ST;
-        bf16_bits* Kd = Kt + slot * TT * BS;
-        bf16_bits* Vd = Vt + slot * TT * BS;
-        for (int idx = tid; idx < TT * CPR; idx += 32 * W) {
-            const int j = idx / CPR, c = idx % CPR;
+        bf16_bits* Kd = Kt + slot * TT * BS + j0 * BS + 8 * (tid % CPR);
+        bf16_bits* Vd = Vt + slot * TT * BS + j0 * BS + 8 * (tid % CPR);
+        int row = (int)kv_row(kt + j0, ring);  // K/V row of copy 0, then JSTEP rows on
+        long long off = row * ldkv + col;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int j = j0 + i * JSTEP;
+            if (TT % JSTEP != 0 && j >= TT) break;
             const bool ok = kt + j < k_end;
-            const long long off =
-                kv_row(ok ? kt + j : k_begin, ring) * ldkv + (long long)kvh * HD + 8 * c;
-            cp_async16(Kd + j * BS + 8 * c, K + off, ok);
-            cp_async16(Vd + j * BS + 8 * c, V + off, ok);
+            cp_async16(Kd + i * JSTEP * BS, K + (ok ? off : safe_row), ok);
+            cp_async16(Vd + i * JSTEP * BS, V + (ok ? off : safe_row), ok);
+            if (ring > 0) {  // a sliding layer's ring: wrap
+                row += JSTEP;
+                while (row >= ring) row -= ring;
+                off = row * ldkv + col;
+            } else {
+                off += step;
+            }
         }
-        for (int j = tid; j < TT; j += 32 * W) {
+#pragma unroll
+        for (int i = 0; i < KPER; ++i) {
+            const int j = tid + i * THREADS;
+            if (TT % THREADS != 0 && j >= TT) break;
             const bool ok = kt + j < k_end;
             cp_async4(kp + slot * TT + j, kpos + (ok ? kt + j : k_begin), ok);
         }
@@ -697,6 +727,12 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
 
     TcRows<HD> rows;
     rows.load(q, ldq, qpos, n_q, R, G, kvh, q_row0);
+    // K's B fragments by ldmatrix: lane l gives row l % 8 of matrix l / 8; matrices (keys
+    // 8j.., dims 16s..), (8j.., 16s + 8..), (8j + 8.., 16s..), (8j + 8.., 16s + 8..); register
+    // m of lane (g, t) is matrix m's (row g, columns 2t, 2t + 1): b0 / b1 of n-tiles j, j + 1
+    static_assert(NS % 2 == 0, "K fragments load two n-tiles at a time");
+    const int k_lane = (8 * (lane >> 4) + (lane & 7)) * BS + 8 * ((lane >> 3) & 1);
+    const int v_lane = (lane & 15) * BS + 8 * (lane >> 4);  // V's, transposed (below)
     const int first_block_key = n - causal_rows;  // causal: the block rows' keys
     const float scale_s = SPLIT ? scale : scale * 1.4426950408889634f;  // tcr: log2 units
     float o[ND][4];
@@ -723,10 +759,13 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
         for (int s = 0; s < KS; ++s) {
             unsigned b0[NS], b1[NS];
 #pragma unroll
-            for (int j = 0; j < NS; ++j) {
-                const bf16_bits* kb = Ks + (8 * j + g) * BS + 16 * s + 2 * t;
-                b0[j] = *reinterpret_cast<const unsigned*>(kb);
-                b1[j] = *reinterpret_cast<const unsigned*>(kb + 8);
+            for (int j = 0; j < NS; j += 2) {  // n-tiles j, j + 1: one ldmatrix of 4 matrices
+                unsigned r[4];
+                ldsm_x4(r, Ks + k_lane + 8 * j * BS + 16 * s);
+                b0[j] = r[0];
+                b1[j] = r[1];
+                b0[j + 1] = r[2];
+                b1[j + 1] = r[3];
             }
 #pragma unroll
             for (int j = 0; j < NS; ++j) mma_bf16(sacc[j], rows.qa_hi[s], b0[j], b1[j]);
@@ -752,8 +791,7 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
                 unsigned vb[NG / 2][4];
 #pragma unroll
                 for (int q2 = 0; q2 < NG / 2; ++q2)
-                    ldsm_x4_trans(
-                        vb[q2], Vs + (16 * s + (lane & 15)) * BS + 8 * (nt + 2 * q2 + (lane >> 4)));
+                    ldsm_x4_trans(vb[q2], Vs + v_lane + 16 * s * BS + 8 * (nt + 2 * q2));
 #pragma unroll
                 for (int q2 = 0; q2 < NG / 2; ++q2) {
                     mma_bf16(o[nt + 2 * q2], pa_hi, vb[q2][0], vb[q2][1]);
