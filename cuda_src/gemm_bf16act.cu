@@ -219,28 +219,18 @@ __device__ __forceinline__ void g16_tiles(const bf16_bits* __restrict__ W,
 
 // One entry per (tile, epilogue); the tile names and their arguments are listed in
 // pydflash/ops/gemm_bf16act.py (TILES), which launches them with 32 * WM * WN threads.
-#define G16_ENTRY(tile, WM, WN, MT, NT, BK, STAGES)                                           \
+#define G16_KERNEL(name, tile, EPI, WM, WN, MT, NT, BK, STAGES)                               \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN)                                \
-        gemm_bf16act_store_##tile(const bf16_bits* W, const bf16_bits* Xb, float* Y,          \
-                                  long long ldy, int M, int N, int K, int chunks_per_split,   \
-                                  long long split_stride) {                                   \
-        g16_tiles<Tile<WM, WN, MT, NT, BK, STAGES>, G16_EPI_STORE>(                           \
-            W, Xb, Y, ldy, M, N, K, chunks_per_split, split_stride);                          \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(32 * WM * WN)                                \
-        gemm_bf16act_silu_mul_##tile(const bf16_bits* W, const bf16_bits* Xb, float* Y,       \
+        gemm_bf16act_##name##_##tile(const bf16_bits* W, const bf16_bits* Xb, float* Y,       \
                                      long long ldy, int M, int N, int K,                      \
                                      int chunks_per_split, long long split_stride) {          \
-        g16_tiles<Tile<WM, WN, MT, NT, BK, STAGES>, G16_EPI_SILU_MUL>(                        \
-            W, Xb, Y, ldy, M, N, K, chunks_per_split, split_stride);                          \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(32 * WM * WN)                                \
-        gemm_bf16act_silu_mul_bf16_##tile(const bf16_bits* W, const bf16_bits* Xb, float* Y,  \
-                                          long long ldy, int M, int N, int K,                 \
-                                          int chunks_per_split, long long split_stride) {     \
-        g16_tiles<Tile<WM, WN, MT, NT, BK, STAGES>, G16_EPI_SILU_MUL_BF16>(                   \
-            W, Xb, Y, ldy, M, N, K, chunks_per_split, split_stride);                          \
+        g16_tiles<Tile<WM, WN, MT, NT, BK, STAGES>, EPI>(W, Xb, Y, ldy, M, N, K,              \
+                                                         chunks_per_split, split_stride);     \
     }
+#define G16_ENTRY(tile, WM, WN, MT, NT, BK, STAGES)                                           \
+    G16_KERNEL(store, tile, G16_EPI_STORE, WM, WN, MT, NT, BK, STAGES)                        \
+    G16_KERNEL(silu_mul, tile, G16_EPI_SILU_MUL, WM, WN, MT, NT, BK, STAGES)                  \
+    G16_KERNEL(silu_mul_bf16, tile, G16_EPI_SILU_MUL_BF16, WM, WN, MT, NT, BK, STAGES)
 G16_ENTRY(w8_128x128_k32, 2, 4, 4, 4, 32, 4)
 G16_ENTRY(w4_128x128_k32, 2, 2, 4, 8, 32, 4)
 G16_ENTRY(w8_128x128_k64, 2, 4, 4, 4, 64, 3)
