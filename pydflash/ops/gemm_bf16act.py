@@ -41,7 +41,10 @@ WGMMA_STAGES = 3
 # warp, two consumer warpgroups): name -> (rows of W a block, ring stages); 128 rows of X a block
 TMA_TILES = {"tma_128x128_s3": (128, 3), "tma_128x128_s6": (128, 6), "tma_128x256_s4": (256, 4)}
 TMA_THREADS = 288
-SM90_TILE = WGMMA_TILE  # sm_90's tile above SM90_SMALL_ROWS rows
+# sm_90's tile above SM90_SMALL_ROWS rows (tools/bench_kernels.py --batched on an H200, a qwen3-8b
+# layer's four linears at the round's splits: M = 256 tma_128x128_s6 217.6 us, wgmma 241.8;
+# M = 1024 816.4 against 904.9)
+SM90_TILE = "tma_128x128_s6"
 DEFAULT_TILE = "w8_128x128_k64"
 SMALL_TILE = "w4_64x128_k64"  # up to SMALL_ROWS rows: half the rows of a block, twice the blocks
 SMALL_ROWS = 128
@@ -137,6 +140,28 @@ def resolve_tile(rt: Runtime, tile: str, k: int, ksplit: int) -> str:
         if not tma_usable(rt) or (ksplit > 1 and per_split % 2):
             return WGMMA_TILE
     return tile
+
+
+def round_splits(rt: Runtime, w: GpuTensor, m: int, cap: int) -> int:
+    """K splits of a batched round's "store" linear over m rows, at most `cap` (what the round's
+    partial buffers hold: linear.k_splits). On the TMA tiles: the most splits whose blocks still
+    fit one wave, at least one (tools/bench_kernels.py --batched 256 512 --ksplits 1 2 4 on an
+    H200, tma_128x128_s6: M = 256 qkv 1 split 30.8 us against 4 splits 44.7, o 2 splits 20.5
+    against 30.8, down 2 splits 45.5 against 54.1; at M = 512 one split each); `cap` elsewhere
+    (the tiles the splits were tuned on)."""
+    k = w.in_features
+    tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, cap)
+    if tile not in TMA_TILES or not applies(rt, w, m):
+        return cap
+    bm, bn, _, smem = tile_shape(tile)
+    per_sm = max(1, int(getattr(rt, "smem_per_sm", 0)) // (smem + 1024))  # + the block reserve
+    blocks = -(-m // bm) * -(-w.out_features // bn)
+    best = 1
+    for s in range(2, cap + 1):
+        n_splits, per_split = split_k_plan(k // CHUNK, s)
+        if n_splits == s and per_split % 2 == 0 and blocks * s <= per_sm * rt.sm_count:
+            best = s
+    return best
 
 
 def takes_ingest(rt: Runtime, w: GpuTensor) -> bool:
