@@ -21,7 +21,7 @@
 // Preconditions (the launcher's): K % 32 == 0, W and Xb 16-byte aligned, N % 16 == 0 for
 // silu_mul. Grid: x = M tiles, y = N tiles, z = K splits; dynamic shared memory
 // WG_STAGES * 32 KiB + 1 KiB (the 1024-byte alignment of the ring).
-#include "common.cuh"
+#include "wgmma.cuh"
 
 PYDFLASH_REQUIRE(WG_STAGES);
 
@@ -34,73 +34,6 @@ PYDFLASH_REQUIRE(WG_STAGES);
 #define WG_EPI_STORE 0
 #define WG_EPI_SILU_MUL 1
 #define WG_EPI_SILU_MUL_BF16 2  // silu_mul rounded to bf16: Y holds bf16 bits, ldy in elements
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_ENABLED 1
-#else
-#define WG_ENABLED 0
-#endif
-
-// byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-row tile: the 128B swizzle
-__device__ __forceinline__ int wg_at(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-
-// Shared-memory matrix descriptor of a K-major, 128B-swizzled tile at `smem` (1024-aligned).
-__device__ __forceinline__ unsigned long long wg_desc(const unsigned char* smem) {
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
-    unsigned long long d = (unsigned long long)((addr & 0x3FFFF) >> 4);  // start address
-    d |= 1ULL << 16;                                                     // leading offset (unused)
-    d |= (unsigned long long)(1024 >> 4) << 32;                          // 8-row group stride
-    d |= 1ULL << 62;                                                     // 128-byte swizzle
-    return d;
-}
-
-__device__ __forceinline__ void wg_fence() {
-#if WG_ENABLED
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_commit() {
-#if WG_ENABLED
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_wait_all() {
-#if WG_ENABLED
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
-// The accumulators as operands of an empty asm: the compiler may not move their reads or
-// writes across it (wgmma writes them asynchronously, behind its wait).
-__device__ __forceinline__ void wg_fence_operands(float (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void fence_proxy_async() {
-#if WG_ENABLED
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-// d (64 f32 of this thread) += A (64 x 16, descriptor a) . B (128 x 16, descriptor b)^T
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long long a,
-                                                 unsigned long long b) {
-#if WG_ENABLED
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.eq.u32 p, 1, 1;\n"  // scale-d: D += A . B
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b));
-#else
-    (void)d;
-    (void)a;
-    (void)b;
-#endif
-}
 
 // k-tile kt of the split (32-chunks c0 + 2 kt, + 1) of X rows m0.. and W rows n0.. into a stage:
 // 128 rows x 8 chunks of each operand, four of each per thread; rows past M or N and 32-chunks

@@ -4,12 +4,13 @@ graphs (one per bucket and activations); `BatchRound`, what one round's kernels 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
+from .batch_kv import BUCKETS, MAX_BATCH, DflashBatchKv, bucket
 from .errors import DeviceError
 from .ops import gemm_bf16act, linear
 from .ops.seqs import Seqs
@@ -105,6 +106,20 @@ class PoolRounds:
         self.attn_b: Any = None
         self.ff_b: Any = None
         self.graphs: dict[tuple[int, str], Any] = {}
+        # the bf16 mode's K splits a bucket (gemm_bf16act.round_splits; never above the
+        # buffers' own, which the f32 mode keeps): qkv, o, down
+        self.bf16_splits = {
+            n: tuple(
+                gemm_bf16act.round_splits(e, w, n * cfg.block_size, cap)
+                for w, cap in (
+                    (layer.qkv, self.buf.ks_qkv),
+                    (layer.o, self.buf.ks_o),
+                    (layer.down, self.buf.ks_down),
+                )
+            )
+            for n in BUCKETS
+            if n <= self.cap
+        }
 
     def allocate_scratch(self, e: Engine) -> None:
         """The bf16-activation scratch of the largest bucket (before any state is written)."""
@@ -121,9 +136,13 @@ class PoolRounds:
         state = self.io[: n * self.ld]
         slot = self.io[self.cap * self.ld : self.cap * self.ld + n]
         kv_dim = pool.cfg.kv_dim
+        buf = self.buf
+        if activations == "bf16":  # the same buffers, fewer K splits where that is faster
+            buf = copy.copy(self.buf)
+            buf.ks_qkv, buf.ks_o, buf.ks_down = self.bf16_splits[n]
         return BatchRound(
             n,
-            self.buf,
+            buf,
             state,
             slot,
             [r * kv_dim for r in pool.layer_rows],

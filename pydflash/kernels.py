@@ -49,6 +49,18 @@ def _scalar(name: str, kind: type) -> Callable[[Any], Any]:
     return cast
 
 
+def _struct(name: str, size: int) -> Callable[[Any], Any]:
+    def cast(v: Any) -> Any:
+        if not isinstance(v, bytes) or len(v) != size:
+            raise ShapeError(f"kernel argument {name}: expected {size} bytes, found {v!r:.40}")
+        return v
+
+    return cast
+
+
+# structs passed by value: C type -> bytes (the PTX gives them as .align N .b8 name[bytes])
+_STRUCTS = {"TensorMap": 128}  # a CUtensorMap (pydflash.tensormap), __grid_constant__
+
 # C parameter type -> (host cast, the PTX .param type NVRTC gives it)
 _SCALARS = {
     "int": (np.int32, ".u32"),
@@ -68,12 +80,20 @@ class Param:
         return self.ctype.endswith("*")
 
     @property
+    def is_struct(self) -> bool:
+        return self.ctype in _STRUCTS
+
+    @property
     def ptx_type(self) -> str:
+        if self.is_struct:
+            return f".b8[{_STRUCTS[self.ctype]}]"
         return ".u64" if self.is_pointer else _SCALARS[self.ctype][1]
 
     def caster(self) -> Callable[[Any], Any]:
         if self.is_pointer:
             return _pointer(self.name)
+        if self.is_struct:
+            return _struct(self.name, _STRUCTS[self.ctype])
         return _scalar(self.name, _SCALARS[self.ctype][0])
 
 
@@ -109,7 +129,7 @@ def parse_signature(signature: str) -> tuple[Param, ...]:
     for part in signature.split(","):
         words = part.replace("*", "* ").split()
         ctype = " ".join(words[:-1]).replace(" *", "*")
-        if not ctype.endswith("*") and ctype not in _SCALARS:
+        if not ctype.endswith("*") and ctype not in _SCALARS and ctype not in _STRUCTS:
             raise ValueError(f"unsupported kernel parameter type {ctype!r} in {part!r}")
         params.append(Param(words[-1], ctype))
     return tuple(params)
@@ -130,6 +150,12 @@ class Family:
         spec = KernelSpec(self, name, parse_signature(signature))
         self.specs[name] = spec
         return spec
+
+    @property
+    def has_structs(self) -> bool:
+        """Whether any kernel takes a struct by value (launched through the driver's
+        cuLaunchKernelEx: CuPy's launcher passes arrays and scalars only)."""
+        return any(p.is_struct for spec in self.specs.values() for p in spec.params)
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -192,6 +218,14 @@ def ptx_entries(ptx: bytes | str) -> dict[str, list[str]]:
     """Entry name -> its .param types, read from PTX."""
     text = ptx.decode() if isinstance(ptx, bytes) else ptx
     return {
-        m.group(1): [p.split()[1] for p in m.group(2).split(",") if p.strip()]
+        m.group(1): [_ptx_param_type(p) for p in m.group(2).split(",") if p.strip()]
         for m in _PTX_ENTRY.finditer(text)
     }
+
+
+def _ptx_param_type(decl: str) -> str:
+    """'.param .u64 x' -> '.u64'; '.param .align 64 .b8 x[128]' -> '.b8[128]'."""
+    words = decl.split()
+    if words[1] == ".align":
+        return f"{words[3]}[{words[4].split('[')[1]}"
+    return words[1]

@@ -54,7 +54,10 @@ class _Config(ctypes.Structure):  # CUlaunchConfig
 
 
 def _c_value(v: Any) -> Any:
-    """A spec-cast launch argument (cupy array, null pointer, numpy scalar) as a ctypes value."""
+    """A spec-cast launch argument (cupy array, null pointer, numpy scalar, a struct's bytes)
+    as a ctypes value."""
+    if isinstance(v, bytes):  # a struct by value (a TensorMap): the driver copies its bytes
+        return (ctypes.c_uint8 * len(v)).from_buffer_copy(v)
     if hasattr(v, "data") and hasattr(v.data, "ptr"):
         return ctypes.c_uint64(v.data.ptr)
     if isinstance(v, np.uintp):
@@ -68,7 +71,8 @@ class PdlLauncher:
     been run and captured into CUDA graphs on; PDL captures were reported to fail on sm_120)."""
 
     def __init__(self, arch_major: int) -> None:
-        self.available = False
+        self.available = False  # PDL launches (cleared when the driver refuses the attribute)
+        self.loaded = False  # cuLaunchKernelEx itself (launches of kernels taking structs)
         if arch_major != 9:  # measured on sm_90 (H200) only; newer chips keep plain launches
             return
         try:
@@ -87,7 +91,7 @@ class PdlLauncher:
         self._attr = _Attr()
         self._attr.id = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
         self._attr.value[0] = 1  # programmaticStreamSerializationAllowed
-        self.available = True
+        self.available = self.loaded = True
 
     def launch(
         self,
@@ -98,11 +102,15 @@ class PdlLauncher:
         stream_ptr: int,
         args: Sequence[Any],
         name: str,
+        programmatic: bool = True,
     ) -> None:
+        """One launch; programmatic=False: a plain one (no PDL attribute)."""
         g = tuple(grid) + (1,) * (3 - len(grid))
         cfg = _Config(
             g[0], g[1], g[2], block, 1, 1, smem, stream_ptr, ctypes.pointer(self._attr), 1
         )
+        if not programmatic:
+            cfg.numAttrs = 0
         values = [_c_value(a) for a in args]
         params = (ctypes.c_void_p * len(values))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]

@@ -149,6 +149,11 @@ class Runtime:
         """Wait on the host for everything queued on the runtime stream."""
         self.stream.synchronize()
 
+    @property
+    def launches_structs(self) -> bool:
+        """Whether kernels taking structs by value (tensor maps) can be launched here."""
+        return self._pdl.loaded
+
     # -- kernels ------------------------------------------------------------------------------
     def function(self, spec: kernels.KernelSpec) -> Any:
         fn = self._functions.get(spec)
@@ -200,6 +205,15 @@ class Runtime:
             fn.max_dynamic_shared_size_bytes = smem
             Runtime._smem_set[handle] = smem
         values = spec.args(args)
+        if spec.family.has_structs:  # tensor maps by value: the driver's launch call
+            if not self._pdl.loaded:
+                raise DeviceError(f"{spec.name}: needs cuLaunchKernelEx on sm_90 ({self.arch})")
+            stream = cp.cuda.get_current_stream().ptr
+            programmatic = pdl and self.use_pdl and self._pdl.available
+            self._pdl.launch(
+                fn.kernel.ptr, grid, block, smem, stream, values, spec.name, programmatic
+            )
+            return
         if pdl and self.use_pdl and self._pdl.available:
             stream = cp.cuda.get_current_stream().ptr
             try:

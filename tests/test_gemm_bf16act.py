@@ -128,7 +128,7 @@ def test_pick_tile_takes_wgmma_on_sm_90_above_the_small_rows(arch):
     small = gemm_bf16act.SM90_SMALL_ROWS if arch == "sm_90" else gemm_bf16act.SMALL_ROWS
     assert gemm_bf16act.pick_tile(64, arch) == gemm_bf16act.SMALL_TILE
     assert gemm_bf16act.pick_tile(small, arch) == gemm_bf16act.SMALL_TILE
-    large = gemm_bf16act.WGMMA_TILE if arch == "sm_90" else gemm_bf16act.DEFAULT_TILE
+    large = gemm_bf16act.SM90_TILE if arch == "sm_90" else gemm_bf16act.DEFAULT_TILE
     assert gemm_bf16act.pick_tile(small + 1, arch) == large
     assert gemm_bf16act.pick_tile(4096, arch) == large
 
@@ -236,3 +236,34 @@ def test_ingest_plan_takes_the_hi_lo_products_on_sm_90_bf16_only():
         assert (plan.xb is xb) == (expect[2] == 2)
     rt.arch = "sm_90"  # a drafter without the scratch (a batched pool's buffers): gemm.cu
     assert gemm.ingest_plan(rt, [fake_w(n=2048, k=4096)], many, part, 8, None).ks == 1
+
+
+def test_round_splits_fill_one_wave_on_the_tma_tiles(monkeypatch):
+    """A bf16 batched round's K splits on sm_90's TMA tile: the most whose blocks fit one wave
+    (one block an SM), whole 64-wide K tiles a split, never above the buffers' count; the
+    buffers' count on every other tile (qwen3-8b's linears on an H200's 132 SMs)."""
+    from types import SimpleNamespace
+
+    from pydflash import tensormap
+
+    monkeypatch.setattr(tensormap, "available", lambda: True)  # the driver probe, not a GPU
+    rt = SimpleNamespace(
+        arch="sm_90", launches_structs=True, sm_count=132, smem_per_sm=233472,
+        smem_per_block=232448,
+    )  # fmt: skip
+    qkv, o, down = ((6144, 4096), (4096, 4096), (4096, 12288))
+
+    def splits(shape, m, cap=4, dev=rt):
+        w = SimpleNamespace(fmt="bf16", out_features=shape[0], in_features=shape[1])
+        return gemm_bf16act.round_splits(dev, w, m, cap)
+
+    assert gemm_bf16act.pick_tile(256, "sm_90") in gemm_bf16act.TMA_TILES
+    # M = 256: 96 / 64 / 64 blocks a split
+    assert (splits(qkv, 256), splits(o, 256), splits(down, 256)) == (1, 2, 2)
+    assert (splits(qkv, 512), splits(o, 512), splits(down, 512)) == (1, 1, 1)
+    # M = 128: 48 blocks (3 splits would cut 43 chunks: odd), 32 blocks: the cap
+    assert (splits(qkv, 128), splits(o, 128), splits(o, 128, cap=2)) == (2, 4, 2)
+    assert splits(qkv, 64) == 4  # the small mma.sync tile: the buffers' splits
+    assert splits(qkv, 256, dev=SimpleNamespace(**{**vars(rt), "arch": "sm_89"})) == 4
+    monkeypatch.setattr(tensormap, "available", lambda: False)  # no tensor maps: wgmma
+    assert splits(qkv, 256) == 4

@@ -17,12 +17,21 @@ TILES = [
     "w8_128x256_k32",
     "w4_64x128_k64",
     "wgmma_128x128_k64",  # sm_90 only (skipped elsewhere)
-]  # gemm_bf16act.TILES and WGMMA_TILE, every one checked
+    "tma_128x128_s3",  # sm_90 only: TMA-fed, warp-specialised
+    "tma_128x128_s6",
+    "tma_128x256_s4",
+]  # gemm_bf16act.ALL_TILES, every one checked
 
 
 def needs_arch(e, tile):
-    if tile.startswith("wgmma") and e.arch != "sm_90":
+    if tile.startswith(("wgmma", "tma")) and e.arch != "sm_90":
         pytest.skip(f"{tile}: wgmma runs on sm_90 only, this device is {e.arch}")
+
+
+def test_every_tile_is_checked():
+    from pydflash.ops import gemm_bf16act
+
+    assert set(TILES) == set(gemm_bf16act.ALL_TILES)
 
 
 def bf16(a):
@@ -56,11 +65,14 @@ def scratch_for(m, k):
         (200, 333, 96, 1),
         (256, 4096, 4096, 4),
         (1000, 136, 1056, 3),
+        (1000, 136, 1056, 6),  # 6 chunks a split, the last 3: a half-empty last K tile
+        (513, 264, 1088, 3),
         (129, 8, 64, 2),
     ],
 )
 @pytest.mark.parametrize("tile", TILES)
 def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
+    from pydflash.errors import ShapeError
     from pydflash.ops import gemm_bf16act, linear
 
     e = engine
@@ -71,6 +83,15 @@ def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
     x[-1, :] *= 1e-3
     out = cp.full((ksplit + 1, m + 2, n), np.nan, np.float32)  # one spare split, spare rows
     stride = (m + 2) * n
+    _, per = linear.split_k_plan(k // 32, ksplit)
+    if tile in gemm_bf16act.TMA_TILES and ksplit > 1 and per % 2:
+        with e.ordered(), pytest.raises(ShapeError, match="whole K tiles"):
+            gemm_bf16act.project(
+                e, w, cp.asarray(x), m, out, ksplit=ksplit, split_stride=stride,
+                scratch=scratch_for(m, k), tile=tile,
+            )  # fmt: skip
+        assert np.isnan(cp.asnumpy(out)).all(), "a refused call wrote"
+        return
     with e.ordered():
         gemm_bf16act.project(
             e,
@@ -86,7 +107,6 @@ def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
     got = cp.asnumpy(out)
     assert np.isnan(got[ksplit]).all() and np.isnan(got[:, m:]).all(), "wrote outside Y"
     xr = bf16(x)
-    _, per = linear.split_k_plan(k // 32, ksplit)
     for z in range(ksplit):
         ks = slice(32 * per * z, min(k, 32 * per * (z + 1)))
         ref = xr[:, ks] @ wd[:, ks].T
@@ -169,7 +189,9 @@ def test_refusals(engine, rng):
 @pytest.mark.parametrize(
     "m,n,k", [(64, 128, 32), (200, 2048, 4096), (1000, 136, 1056), (129, 8, 64)]
 )
-@pytest.mark.parametrize("tile", ["w4_64x128_k64", "w8_128x128_k64", "wgmma_128x128_k64"])
+@pytest.mark.parametrize(
+    "tile", ["w4_64x128_k64", "w8_128x128_k64", "wgmma_128x128_k64", "tma_128x128_s3"]
+)
 def test_split_partials_are_the_hi_and_lo_products(engine, rng, m, n, k, tile):
     """project_split (ingest_ctx's projection on sm_90): partial 0 = hi(x) . w^T and partial 1
     = lo(x) . w^T, x = hi + lo to ~2^-16 (the exact paths' split), each within f32 summation

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batched:
         from pydflash.ops import gemm_bf16act
 
-        wgmma = [gemm_bf16act.WGMMA_TILE] if e.arch == "sm_90" else []
+        wgmma = [gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES] if e.arch == "sm_90" else []
         args.tiles = args.tiles or list(gemm_bf16act.TILES) + wgmma
         with e.device, e.stream:
             bench_batched(cp, e, cfg, args.batched, bw, args.repeats, rng, args.tiles, args.ksplits)

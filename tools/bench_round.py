@@ -376,9 +376,22 @@ def main(argv: list[str] | None = None) -> int:
         help="--batch: forward_round_batch's activations modes to time (x B=1 is against the "
         "first one's B = 1)",
     )
+    ap.add_argument(
+        "--tile",
+        default=None,
+        help="--batch: gemm_bf16act's tile above its small rows on sm_90 for this run "
+        "(default: the library's, gemm_bf16act.SM90_TILE)",
+    )
     args = ap.parse_args(argv)
 
     import cupy as cp
+
+    from pydflash.ops import gemm_bf16act
+
+    if args.tile:
+        if args.tile not in gemm_bf16act.ALL_TILES:
+            ap.error(f"--tile: one of {sorted(gemm_bf16act.ALL_TILES)}")
+        gemm_bf16act.SM90_TILE = args.tile
 
     from pydflash import Engine
 

@@ -33,4 +33,4 @@ FAMILIES = tuple(
         quant,
         verify,
     )
-) + (gemm_bf16act.FAMILY_SM90,)
+) + (gemm_bf16act.FAMILY_SM90, gemm_bf16act.FAMILY_TMA)

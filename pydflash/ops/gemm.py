@@ -175,7 +175,7 @@ def project_rows(
     consumer) or, given the bf16 scratch xb, gemm_bf16act's hi and lo partials split_stride
     apart (n_split = 2); or linear.project's `ksplit` partials split_stride apart."""
     if big and xb is not None:  # one tile for every row count: a row's bits never depend on m
-        tile = gemm_bf16act.WGMMA_TILE
+        tile = gemm_bf16act.resolve_tile(rt, gemm_bf16act.SM90_TILE, w.in_features, 1)
         gemm_bf16act.project_split(rt, w, x, m, part, split_stride, scratch=xb, tile=tile)
     elif big:
         matmul(rt, w, x, m, part.reshape(-1, w.out_features))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import tensormap
 from ..errors import DeviceError, ShapeError
 from ..kernels import Family
 from .linear_split import CHUNK, checked_row_stride, row_stride, split_k_plan
@@ -36,6 +37,14 @@ TILES = {
 # memory; 128 x 128 blocks of 2 warpgroups, K tiles of 64, a WGMMA_STAGES-deep ring
 WGMMA_TILE = "wgmma_128x128_k64"
 WGMMA_STAGES = 3
+# sm_90 only: gemm_bf16act_tma.cu, the same MMAs fed by TMA copies, warp-specialised (a producer
+# warp, two consumer warpgroups): name -> (rows of W a block, ring stages); 128 rows of X a block
+TMA_TILES = {"tma_128x128_s3": (128, 3), "tma_128x128_s6": (128, 6), "tma_128x256_s4": (256, 4)}
+TMA_THREADS = 288
+# sm_90's tile above SM90_SMALL_ROWS rows (tools/bench_kernels.py --batched on an H200, a qwen3-8b
+# layer's four linears at the round's splits: M = 256 tma_128x128_s6 217.6 us, wgmma 241.8;
+# M = 1024 816.4 against 904.9)
+SM90_TILE = "tma_128x128_s6"
 DEFAULT_TILE = "w8_128x128_k64"
 SMALL_TILE = "w4_64x128_k64"  # up to SMALL_ROWS rows: half the rows of a block, twice the blocks
 SMALL_ROWS = 128
@@ -48,6 +57,9 @@ def tile_shape(tile: str) -> tuple[int, int, int, int]:
     """(rows of X, rows of W, threads, dynamic shared memory bytes) of a block of `tile`."""
     if tile == WGMMA_TILE:  # + 1 KiB: the ring starts at a 1024-byte boundary (the swizzle)
         return 128, 128, 256, WGMMA_STAGES * 2 * 128 * 128 + 1024
+    if tile in TMA_TILES:
+        bn, stages = TMA_TILES[tile]
+        return 128, bn, TMA_THREADS, stages * (128 + bn) * 128 + 1024
     wm, wn, mt, nt, bk, stages = TILES[tile]
     bm, bn = wm * mt * 16, wn * nt * 8
     return bm, bn, 32 * wm * wn, stages * (bm + bn) * bk * 2
@@ -81,6 +93,16 @@ FAMILY_SM90 = Family("gemm_bf16act_sm90", {"WG_STAGES": WGMMA_STAGES}, arch_spec
 GEMM.update(
     {(epi, WGMMA_TILE): FAMILY_SM90.kernel(f"gemm_bf16act_{epi}_wgmma", _SIG) for epi in EPILOGUES}
 )
+FAMILY_TMA = Family("gemm_bf16act_tma", {}, arch_specific=True)
+_SIG_TMA = "TensorMap wmap, TensorMap xmap" + _SIG[_SIG.index(", float* Y") :]
+GEMM.update(
+    {
+        (epi, tile): FAMILY_TMA.kernel(f"gemm_bf16act_{epi}_{tile}", _SIG_TMA)
+        for epi in EPILOGUES
+        for tile in TMA_TILES
+    }
+)
+ALL_TILES = (*TILES, WGMMA_TILE, *TMA_TILES)
 
 
 def pick_tile(rows: int, arch: str | None = None) -> str:
@@ -89,7 +111,7 @@ def pick_tile(rows: int, arch: str | None = None) -> str:
     other 128-row tiles; at M = 256 wgmma 249 us, w8_128x128_k64 368 us; at M = 1024 wgmma
     1040 us, w8_128x128_k64 1359 us)."""
     if arch == "sm_90":  # at M = 128 wgmma 170 us against the small tile's 230 (a386ca1)
-        return SMALL_TILE if rows <= SM90_SMALL_ROWS else WGMMA_TILE
+        return SMALL_TILE if rows <= SM90_SMALL_ROWS else SM90_TILE
     return SMALL_TILE if rows <= SMALL_ROWS else DEFAULT_TILE
 
 
@@ -98,6 +120,48 @@ def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
     ring fits the device's shared memory."""
     smem = tile_shape(pick_tile(rows, getattr(rt, "arch", None)))[3]
     return w.fmt == "bf16" and rows >= MIN_ROWS and smem <= rt.smem_per_block
+
+
+def tma_usable(rt: Runtime) -> bool:
+    """Whether the TMA tiles can run: sm_90, and a driver that encodes tensor maps and
+    launches kernels taking them (cuLaunchKernelEx)."""
+    return (
+        getattr(rt, "arch", None) == "sm_90"
+        and getattr(rt, "launches_structs", False)
+        and tensormap.available()
+    )
+
+
+def resolve_tile(rt: Runtime, tile: str, k: int, ksplit: int) -> str:
+    """`tile`, or the cp.async wgmma tile where a TMA tile cannot take the call: no tensor-map
+    support, or K splits that cut a 64-wide K tile (the TMA tiles copy whole ones)."""
+    if tile in TMA_TILES:
+        per_split = split_k_plan(k // CHUNK, ksplit)[1]
+        if not tma_usable(rt) or (ksplit > 1 and per_split % 2):
+            return WGMMA_TILE
+    return tile
+
+
+def round_splits(rt: Runtime, w: GpuTensor, m: int, cap: int) -> int:
+    """K splits of a batched round's "store" linear over m rows, at most `cap` (what the round's
+    partial buffers hold: linear.k_splits). On the TMA tiles: the most splits whose blocks still
+    fit one wave, at least one (tools/bench_kernels.py --batched 256 512 --ksplits 1 2 4 on an
+    H200, tma_128x128_s6: M = 256 qkv 1 split 30.8 us against 4 splits 44.7, o 2 splits 20.5
+    against 30.8, down 2 splits 45.5 against 54.1; at M = 512 one split each); `cap` elsewhere
+    (the tiles the splits were tuned on)."""
+    k = w.in_features
+    tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, cap)
+    if tile not in TMA_TILES or not applies(rt, w, m):
+        return cap
+    bm, bn, _, smem = tile_shape(tile)
+    per_sm = max(1, int(getattr(rt, "smem_per_sm", 0)) // (smem + 1024))  # + the block reserve
+    blocks = -(-m // bm) * -(-w.out_features // bn)
+    best = 1
+    for s in range(2, cap + 1):
+        n_splits, per_split = split_k_plan(k // CHUNK, s)
+        if n_splits == s and per_split % 2 == 0 and blocks * s <= per_sm * rt.sm_count:
+            best = s
+    return best
 
 
 def takes_ingest(rt: Runtime, w: GpuTensor) -> bool:
@@ -146,8 +210,9 @@ def project(
     WGMMA_TILE (None: by the row count and the device, pick_tile). rounded: round_bf16(x) already
     written by x's producer (uint16, contiguous rows of K, >= m rows): the GEMM reads it and the
     rounding pass is skipped (scratch unused)."""
-    tile = pick_tile(m, getattr(rt, "arch", None)) if tile is None else tile
     k = w.in_features
+    if tile is None:
+        tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, ksplit)
     ldx = _check(rt, w, x, m, epilogue, ksplit, scratch, m * k, tile)
     if rounded is not None and (
         rounded.dtype != np.uint16
@@ -190,8 +255,9 @@ def project_split(
     x: float32 [>= m, K] rows (row stride a multiple of 4 floats); out: contiguous float32 of
     >= split_stride + m * N elements; split_stride a multiple of N, >= m * N; scratch: uint16,
     >= (P + m) * K elements (16-byte aligned)."""
-    tile = pick_tile(m, getattr(rt, "arch", None)) if tile is None else tile
     n, k = w.out_features, w.in_features
+    if tile is None:
+        tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, 1)
     rows = split_stride // n if n else 0
     if split_stride < m * n or split_stride % max(n, 1):
         raise ShapeError(
@@ -229,11 +295,13 @@ def _check(
     """Every refusal of a call, before anything is queued; returns x's row stride."""
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
-    if tile not in TILES and tile != WGMMA_TILE:
-        raise ShapeError(f"tile must be one of {sorted(TILES) + [WGMMA_TILE]}, found {tile!r}")
+    if tile not in ALL_TILES:
+        raise ShapeError(f"tile must be one of {sorted(ALL_TILES)}, found {tile!r}")
     arch = getattr(rt, "arch", None)
-    if tile == WGMMA_TILE and arch != "sm_90":
-        raise DeviceError(f"{WGMMA_TILE}: wgmma runs on sm_90 only, this device is {arch}")
+    if (tile == WGMMA_TILE or tile in TMA_TILES) and arch != "sm_90":
+        raise DeviceError(f"{tile}: wgmma runs on sm_90 only, this device is {arch}")
+    if tile in TMA_TILES and not tma_usable(rt):
+        raise DeviceError(f"{tile}: the driver cannot encode tensor maps or launch with them")
     if epilogue not in EPILOGUES:
         raise ShapeError(f"epilogue must be one of {EPILOGUES}, found {epilogue!r}")
     n, k = w.out_features, w.in_features
@@ -263,6 +331,11 @@ def _check(
     n_splits, per_split = split_k_plan(chunks, ksplit)
     if n_splits != ksplit:
         raise ShapeError(f"ksplit {ksplit} of {chunks} chunks leaves empty splits")
+    if tile in TMA_TILES and ksplit > 1 and per_split % 2:
+        raise ShapeError(
+            f"{tile}: ksplit {ksplit} cuts {per_split} chunks of {CHUNK} a split; TMA tiles "
+            "copy whole K tiles of 64 (an even count a split)"
+        )
     m_tiles, n_tiles = -(-m // bm), -(-n // bn)
     if m_tiles > MAX_GRID_X or n_tiles > MAX_GRID_Y:
         raise ShapeError(f"gemm_bf16act: {m} x {n} outputs exceed one launch's grid")
@@ -290,13 +363,16 @@ def _launch_gemm(
     """The GEMM over m bf16 rows xb (checked by _check)."""
     bm, bn, threads, smem = tile_shape(tile)
     n, k = w.out_features, w.in_features
+    operands: dict[str, Any] = {"W": w.data, "Xb": xb}
+    if tile in TMA_TILES:  # the tensor maps the producer copies W's and X's tiles by
+        wmap = tensormap.bf16_rows(w.data.data.ptr, n, k, bn)
+        operands = {"wmap": wmap, "xmap": tensormap.bf16_rows(xb.data.ptr, m, k, bm)}
     rt.launch(
         GEMM[epilogue, tile],
         (-(-m // bm), -(-n // bn), ksplit),
         threads,
         smem,
-        W=w.data,
-        Xb=xb,
+        **operands,
         Y=out,
         ldy=_out_stride(out, n, epilogue),
         M=m,

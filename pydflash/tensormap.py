@@ -1,0 +1,100 @@
+"""TMA tensor maps (CUtensorMap): what Hopper's tensor memory accelerator copies a tile by, encoded
+on the host by the driver's cuTensorMapEncodeTiled and passed to a kernel by value (a 128-byte
+__grid_constant__ parameter, so a captured CUDA graph keeps its own copy and nothing on the
+device has to outlive it). CuPy binds no tensor-map call, hence this small ctypes binding; it
+is used only where the kernels that read the maps run (sm_90, pydflash.ops.gemm_bf16act)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from .errors import DeviceError, ShapeError
+
+TENSOR_MAP_BYTES = 128
+# CUtensorMapDataType / Interleave / Swizzle / L2promotion / FloatOOBfill (cuda.h)
+_DTYPE_BFLOAT16 = 9
+_INTERLEAVE_NONE = 0
+_SWIZZLE_128B = 3
+_L2_PROMOTION_256B = 3
+_OOB_FILL_ZEROS = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: elements out of bounds read as zeros
+
+
+class TensorMap(bytes):
+    """The 128 opaque bytes of one CUtensorMap (a kernel's `TensorMap` parameter)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _encoder() -> object | None:
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [
+        ctypes.c_void_p,  # CUtensorMap*
+        ctypes.c_int,  # data type
+        ctypes.c_uint32,  # rank
+        ctypes.c_void_p,  # global address
+        ctypes.POINTER(ctypes.c_uint64),  # global dims, innermost first
+        ctypes.POINTER(ctypes.c_uint64),  # global strides in bytes (rank - 1)
+        ctypes.POINTER(ctypes.c_uint32),  # box dims
+        ctypes.POINTER(ctypes.c_uint32),  # element strides
+        ctypes.c_int,  # interleave
+        ctypes.c_int,  # swizzle
+        ctypes.c_int,  # L2 promotion
+        ctypes.c_int,  # out-of-bounds fill
+    ]
+    return fn
+
+
+def available() -> bool:
+    """Whether the driver encodes tensor maps (CUDA 12+)."""
+    return _encoder() is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def bf16_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int = 64) -> TensorMap:
+    """The map of a row-major bf16 matrix [rows, cols] (contiguous rows) at device address ptr,
+    copied in boxes of box_rows x box_cols (box_cols * 2 = 128 bytes: the 128B swizzle, each box
+    1024-byte aligned in shared memory as wgmma's descriptors expect); rows past `rows` and
+    columns past `cols` read as zeros."""
+    problems = []
+    if ptr % 16:
+        problems.append(f"address {ptr:#x} is not 16-byte aligned")
+    if cols % 8:
+        problems.append(f"row of {cols} bf16 is not a multiple of 16 bytes")
+    if not (0 < rows < 2**32 and 0 < cols < 2**32):
+        problems.append(f"dims {rows} x {cols} out of range")
+    if not (0 < box_rows <= 256 and box_cols * 2 == 128):
+        problems.append(f"box {box_rows} x {box_cols} (rows <= 256, 64 columns)")
+    if problems:
+        raise ShapeError("tensor map: " + "; ".join(problems))
+    fn = _encoder()
+    if fn is None:
+        raise DeviceError("tensor maps: the driver has no cuTensorMapEncodeTiled (CUDA < 12)")
+    out = (ctypes.c_uint8 * TENSOR_MAP_BYTES)()
+    dims = (ctypes.c_uint64 * 2)(cols, rows)
+    strides = (ctypes.c_uint64 * 1)(2 * cols)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+    steps = (ctypes.c_uint32 * 2)(1, 1)
+    res = fn(  # type: ignore[operator]
+        ctypes.addressof(out),
+        _DTYPE_BFLOAT16,
+        2,
+        ptr,
+        dims,
+        strides,
+        box,
+        steps,
+        _INTERLEAVE_NONE,
+        _SWIZZLE_128B,
+        _L2_PROMOTION_256B,
+        _OOB_FILL_ZEROS,
+    )
+    if res != 0:
+        raise DeviceError(
+            f"cuTensorMapEncodeTiled failed ({res}) for bf16 [{rows}, {cols}] at {ptr:#x}, "
+            f"box {box_rows} x {box_cols}"
+        )
+    return TensorMap(bytes(out))
