@@ -109,6 +109,12 @@ class KernelSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_casts", tuple((p.name, p.caster()) for p in self.params))
 
+    @functools.cached_property
+    def takes_structs(self) -> bool:
+        """A struct by value (a tensor map) among the parameters: launched through the
+        driver's cuLaunchKernelEx (CuPy's launcher passes arrays and scalars only)."""
+        return any(p.is_struct for p in self.params)
+
     def args(self, values: dict[str, Any]) -> tuple:
         """The launch argument tuple, cast from the spec; every parameter named exactly once."""
         if len(values) != len(self.params) or any(n not in values for n, _ in self._casts):
@@ -153,9 +159,8 @@ class Family:
 
     @property
     def has_structs(self) -> bool:
-        """Whether any kernel takes a struct by value (launched through the driver's
-        cuLaunchKernelEx: CuPy's launcher passes arrays and scalars only)."""
-        return any(p.is_struct for spec in self.specs.values() for p in spec.params)
+        """Whether any of its kernels takes a struct by value (KernelSpec.takes_structs)."""
+        return any(spec.takes_structs for spec in self.specs.values())
 
     @property
     def options(self) -> tuple[str, ...]:

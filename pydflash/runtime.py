@@ -205,7 +205,7 @@ class Runtime:
             fn.max_dynamic_shared_size_bytes = smem
             Runtime._smem_set[handle] = smem
         values = spec.args(args)
-        if spec.family.has_structs:  # tensor maps by value: the driver's launch call
+        if spec.takes_structs:  # tensor maps by value: the driver's launch call
             if not self._pdl.loaded:
                 raise DeviceError(f"{spec.name}: needs cuLaunchKernelEx on sm_90 ({self.arch})")
             stream = cp.cuda.get_current_stream().ptr

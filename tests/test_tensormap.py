@@ -25,4 +25,6 @@ def test_tensor_map_parameters_cast_and_match_their_ptx_declaration():
         spec.args({"wmap": b"\0" * 64, "n": 3})
     ptx = ".entry k(\n .param .align 64 .b8 k_param_0[128],\n .param .u32 k_param_1\n)"
     assert kernels.ptx_entries(ptx) == {"k": [".b8[128]", ".u32"]}
-    assert spec.family.has_structs and not kernels.Family("y").has_structs
+    assert spec.takes_structs and spec.family.has_structs
+    plain = kernels.Family("y").kernel("k", "const float* x, int n")
+    assert not plain.takes_structs and not plain.family.has_structs
