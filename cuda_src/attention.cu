@@ -28,11 +28,12 @@
 #include "common.cuh"
 
 // From pydflash/ops/attention.py: keys per FFMA tile, threads of the FFMA kernel, keys per
-// tensor-core tile, K/V tiles in flight in the bf16 tensor-core kernel.
+// tensor-core tile, K/V tiles in flight in the bf16 tensor-core kernel, warps of the combine.
 PYDFLASH_REQUIRE(ATT_T);
 PYDFLASH_REQUIRE(ATT_THREADS);
 PYDFLASH_REQUIRE(ATT_TC_T);
 PYDFLASH_REQUIRE(ATT_TC_STAGES);
+PYDFLASH_REQUIRE(ATT_CW);
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -431,6 +432,9 @@ struct TcRows {
 // caller's block-uniform test), so the per-key mask is skipped: the same values for the rows
 // the partial stores (a padding row past R is never stored). An O rescale by exactly 1 is
 // skipped too (the product would be O itself).
+// No branch around an exponential: a select of the exponent base keeps a tile's 16 a thread
+// independent (a branch each serialised them behind their MUFU latency: the long-context
+// partials were ~20% slower).
 // EXP2 (the rounded tcr kernels only, which waive bit-equality): `scale` carries log2(e), the
 // scores are in log2 units and the exponentials are ex2.approx (two instructions instead of
 // expf's accurate sequence); tc_store converts the running max back to natural-log units.
@@ -465,13 +469,16 @@ __device__ __forceinline__ void tc_softmax(float (&sacc)[NS][4], float (&o)[ND][
             }
         }
     }
-    float alpha[2];
+    float alpha[2], m_base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
         mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
         const float m_new = fmaxf(m_run[h], mt[h]);
-        alpha[h] = m_new == neg_inf() ? 1.f : tc_exp<EXP2>(m_run[h] - m_new);
+        // a row that has seen no visible key yet (m_new = -inf: O and l are 0) takes the
+        // exponent base 0, so every exponential below is e^-inf = 0 without a branch
+        m_base[h] = m_new == neg_inf() ? 0.f : m_new;
+        alpha[h] = tc_exp<EXP2>(m_run[h] - m_base[h]);
         m_run[h] = m_new;
     }
     float rs[2] = {0.f, 0.f};
@@ -480,7 +487,7 @@ __device__ __forceinline__ void tc_softmax(float (&sacc)[NS][4], float (&o)[ND][
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int h = e >> 1;
-            sacc[j][e] = m_run[h] == neg_inf() ? 0.f : tc_exp<EXP2>(sacc[j][e] - m_run[h]);
+            sacc[j][e] = tc_exp<EXP2>(sacc[j][e] - m_base[h]);
             rs[h] += sacc[j][e];
         }
     }
@@ -856,12 +863,15 @@ ATT_TC_ENTRIES(32)
 ATT_TC_ENTRIES(64)
 ATT_TC_ENTRIES(128)
 
-// One warp per (head, query) row, 4 rows a block of 128 threads (grid y: sequences); lane c holds the dims
-// 4c..4c+3 (+128 for hd 256): out [n_q, n_head*hd] row stride ldo. The splits' (max, sum) are
-// read by the lanes in parallel (32 splits a pass), their weights broadcast, and the partial O
-// rows summed in split order with no branch between the loads (a split that saw no visible key
-// has weight 0 and an O of zeros), so the result depends on the partials only.
-extern "C" __global__ void __launch_bounds__(128)
+// One block of ATT_CW warps per (head, query) row (grid x: h * n_q + i; grid y: sequences).
+// Warp w sums the splits w, w + ATT_CW, ... (their partial O rows loaded all at once: the
+// combine is bound by the loads in flight, one warp a row left most of them serial); lane c
+// holds the dims 4c..4c+3 (+128 for hd 256). Every warp reads the splits' (max, sum), 32 splits
+// a pass, for the row's max M and its weights e^(m_s - M); the warps' sums are added in warp
+// order through shared memory. out [n_q, n_head*hd] row stride ldo. No branch between the
+// loads (a split that saw no visible key has weight 0 and an O of zeros), so the result
+// depends on the partials only.
+extern "C" __global__ void __launch_bounds__(32 * ATT_CW)
     attn_combine(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                  float* __restrict__ out, long long ldo, int n_q, int n_head, int hd,
                  int n_splits, long long seq_part_rows, long long seq_out, const int* seq_slot,
@@ -873,10 +883,11 @@ extern "C" __global__ void __launch_bounds__(128)
     ml_part += blockIdx.y * seq_part_rows * 2;
     out += blockIdx.y * seq_out;
     if (out_b != nullptr) out_b += blockIdx.y * seq_out;  // out's layout, bf16
-    const int lane = threadIdx.x & 31;
+    __shared__ float4 part[ATT_CW - 1][64];
+    __shared__ float l_sum;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long split_rows = (long long)n_head * n_q;
-    const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);  // h * n_q + i
-    if (row >= split_rows) return;
+    const long long row = blockIdx.x;  // h * n_q + i
     const int h = (int)(row / n_q), i = (int)(row % n_q);
     const int hd4 = hd >> 2;
     float M = neg_inf();
@@ -893,14 +904,15 @@ extern "C" __global__ void __launch_bounds__(128)
         }
         L += warp_sum(wl);
         const int cnt = min(32, n_splits - s0);
-#pragma unroll 8
-        for (int k = 0; k < cnt; ++k) {
+#pragma unroll
+        for (int u = 0; u < 32 / ATT_CW; ++u) {
+            const int k = warp + u * ATT_CW;  // warp-uniform
             const float wk = __shfl_sync(0xffffffffu, w, k);
             const float4* src =
                 reinterpret_cast<const float4*>(o_part + ((s0 + k) * split_rows + row) * hd);
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                if (lane + 32 * c < hd4) {
+                if (k < cnt && lane + 32 * c < hd4) {
                     const float4 v = src[lane + 32 * c];
                     acc[c].x = fmaf(wk, v.x, acc[c].x);
                     acc[c].y = fmaf(wk, v.y, acc[c].y);
@@ -908,6 +920,26 @@ extern "C" __global__ void __launch_bounds__(128)
                     acc[c].w = fmaf(wk, v.w, acc[c].w);
                 }
             }
+        }
+    }
+    if (warp > 0) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) part[warp - 1][lane + 32 * c] = acc[c];
+    } else if (lane == 0) {
+        l_sum = L;
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    L = l_sum;
+#pragma unroll
+    for (int w = 0; w < ATT_CW - 1; ++w) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const float4 v = part[w][lane + 32 * c];
+            acc[c].x += v.x;
+            acc[c].y += v.y;
+            acc[c].z += v.z;
+            acc[c].w += v.w;
         }
     }
     const long long at = (long long)i * ldo + (long long)h * hd;

@@ -3,10 +3,11 @@
     python tools/bench_attention.py [--ctx 4096 131072] [--splits 0 8 16 32] [--repeats 50]
 
 For the block-16 geometries of qwen3-8b (32/8 heads x 128) and gemma-4-31B (64/8 x 128): bf16
-and f32 K/V on the tensor-core path, f32 K/V on the FFMA path, a ring layer (window 2048) and
-the combine alone. Each time is the median GPU time of one call, from CUDA graphs of INNER
-back-to-back calls; its floor = K/V bytes read / the device-to-device copy bandwidth measured
-in the same run. --splits 0 = the launcher's own choice.
+and f32 K/V on the tensor-core path (bf16 also rounded: the batched rounds' bf16-activation
+kernel), f32 K/V on the FFMA path, a ring layer (window 2048) and the combine alone. Each
+time is the median GPU time of one call, from CUDA graphs of INNER back-to-back calls; its
+floor = K/V bytes read / the device-to-device copy bandwidth measured in the same run.
+--splits 0 = the launcher's own choice.
 """
 
 from __future__ import annotations
@@ -69,16 +70,19 @@ def main(argv: list[str] | None = None) -> int:
                 v16 = (v32.view(np.uint32) >> 16).astype(np.uint16)
                 pos = cp.arange(n, dtype=np.int32)
             cases = [
-                ("tc bf16", k16, v16, False, 0, 0, n),
-                ("tc f32", k32, v32, False, 0, 0, n),
-                ("ffma f32", k32, v32, True, 0, 0, n),
-                ("ring bf16 w2048", k16[:2079], v16[:2079], False, 2079, 2047 + b, 2047 + b),
+                ("tc bf16", k16, v16, False, 0, 0, n, False),
+                ("tcr bf16 rounded", k16, v16, False, 0, 0, n, True),
+                ("tc f32", k32, v32, False, 0, 0, n, False),
+                ("ffma f32", k32, v32, True, 0, 0, n, False),
+                ("ring bf16 w2048", k16[:2079], v16[:2079], False, 2079, 2047 + b, 2047 + b, False),
             ]
-            for label, k, v, exact, ring, kw, keys in cases:
+            for label, k, v, exact, ring, kw, keys, rounded in cases:
                 nbytes = 2 * keys * nkv * hd * k.itemsize
                 for splits in [0] if exact else args.splits:
 
-                    def call(k=k, v=v, exact=exact, ring=ring, kw=kw, splits=splits):
+                    def call(
+                        k=k, v=v, exact=exact, ring=ring, kw=kw, splits=splits, rounded=rounded
+                    ):
                         attention.attend(
                             e,
                             q,
@@ -98,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                             ring=ring,
                             key_window=kw,
                             splits=splits or None,
+                            rounded=rounded,
                         )
 
                     ms = graph_ms(call)
@@ -111,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                 ms = graph_ms(
                     lambda splits=splits: e.launch(
                         attention.COMBINE,
-                        (-(-nh * b // attention.COMBINE_ROWS),),
-                        32 * attention.COMBINE_ROWS,
+                        (nh * b,),
+                        32 * attention.COMBINE_WARPS,
                         o_part=scratch.o_part,
                         ml_part=scratch.ml_part,
                         out=out,

@@ -28,9 +28,17 @@ MAX_SPLITS = 32  # more splits cost more in partials than they gain in paralleli
 TC_HEAD_DIMS = (16, 32, 64, 128)
 KV_ITEM = {"f32": 4, "bf16": 2}
 
+COMBINE_WARPS = 4  # warps of a combine block, one block a (head, query) row (a power of two)
+
 FAMILY = Family(
     "attention",
-    {"ATT_T": TILE, "ATT_THREADS": THREADS, "ATT_TC_T": TC_TILE, "ATT_TC_STAGES": TC_STAGES},
+    {
+        "ATT_T": TILE,
+        "ATT_THREADS": THREADS,
+        "ATT_TC_T": TC_TILE,
+        "ATT_TC_STAGES": TC_STAGES,
+        "ATT_CW": COMBINE_WARPS,
+    },
 )
 
 
@@ -85,7 +93,6 @@ COMBINE = FAMILY.kernel(
     "long long ldo, int n_q, int n_head, int hd, int n_splits, long long seq_part_rows, "
     "long long seq_out, const int* seq_slot, unsigned short* out_b",
 )
-COMBINE_ROWS = 4  # (head, query) rows per combine block: one warp each
 
 
 def ffma_smem(rows: int, hd: int, stages: int, item: int = 4) -> int:
@@ -306,8 +313,8 @@ def attend(
         )
         rt.launch(
             COMBINE,
-            (-(-n_head * rows // COMBINE_ROWS), n_seq),
-            32 * COMBINE_ROWS,
+            (n_head * rows, n_seq),
+            32 * COMBINE_WARPS,
             o_part=scratch.o_part,
             ml_part=scratch.ml_part,
             out=out[r0:],
