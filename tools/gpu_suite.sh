@@ -3,7 +3,8 @@
 #   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long]  (default: all)
 # tests:   the test suite, CPU and GPU (about 2 min on an H200)
 # scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
-#          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step)
+#          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step), in
+#          SCALE_SHARDS (5) parallel pytest processes
 # checks:  load_check of every preset (bf16 and q8_0, ctx 4096), the soak, bench_round
 # kernels: bench_linear (decode linear vs its floor), bench_attention, bench_kernels
 # bench:   bench_round at ctx 4096 (qwen3-8b with --propose, gemma4-31b) and bench_kernels
@@ -37,7 +38,20 @@ if [ "$PART" = tests ] || [ "$PART" = all ]; then
   run tests python3 -m pytest -q -rs -p no:cacheprovider tests --deselect tests/test_kernels_compile.py
 fi
 if [ "$PART" = scale ] || [ "$PART" = all ]; then
-  run scale python3 -m pytest -q -rA -m scale -p no:cacheprovider tests
+  # in SHARDS processes on the one GPU (one process takes over 10 minutes, a device call's
+  # limit): the scale tests dealt round-robin, each shard's log scale_N.log, scale.log the sum
+  SHARDS=${SCALE_SHARDS:-5}
+  python3 -m pytest -q --collect-only -m scale -p no:cacheprovider tests 2>/dev/null | grep '::' > "$OUT/scale_ids.txt"
+  for i in $(seq 1 "$SHARDS"); do
+    awk -v i="$i" -v n="$SHARDS" 'NR % n == i % n' "$OUT/scale_ids.txt" > "$OUT/scale_ids_$i.txt"
+    (xargs -a "$OUT/scale_ids_$i.txt" -d '\n' python3 -m pytest -q -rA -m scale -p no:cacheprovider \
+      > "$OUT/scale_$i.log" 2>&1 || echo "FAILED: scale shard $i" >> "$OUT/failed.log") &
+  done
+  wait
+  for i in $(seq 1 "$SHARDS"); do echo "shard $i: $(tail -n 1 "$OUT/scale_$i.log")"; done > "$OUT/scale.log"
+  grep -h -E "^(FAILED|ERROR|SCALE)" "$OUT"/scale_[0-9]*.log >> "$OUT/scale.log"
+  cat "$OUT/scale.log"
+  [ -f "$OUT/failed.log" ] && status=1
 fi
 if [ "$PART" = checks ] || [ "$PART" = all ]; then
   for p in $PRESETS; do
@@ -67,7 +81,8 @@ if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in 
 fi
 
 echo "== summary ($PART)"
-for f in tests scale; do [ -f "$OUT/$f.log" ] && echo "$f: $(tail -n 1 "$OUT/$f.log")"; done
+[ -f "$OUT/tests.log" ] && echo "tests: $(tail -n 1 "$OUT/tests.log")"
+[ -f "$OUT/scale.log" ] && grep -h "^shard" "$OUT/scale.log" | sed 's/^/scale /'
 [ -f "$OUT/scale.log" ] && grep -h -E "^SCALE" "$OUT/scale.log" | cut -c1-200 | head -20
 [ -f "$OUT/failed.log" ] && cat "$OUT/failed.log"
 grep -h -E "gpu vs ref|gpu timing|INVALID|Error" "$OUT"/load_check_*.log 2>/dev/null | cut -c1-220
