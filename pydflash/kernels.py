@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .errors import KernelCompileError, ShapeError
+from .pdl import ParamBlock
 
 NVRTC_BASE_OPTIONS = ("-std=c++17",)
 _INCLUDE = re.compile(r'^\s*#include\s+"([\w.]+)"\s*$', re.M)
@@ -61,12 +62,12 @@ def _struct(name: str, size: int) -> Callable[[Any], Any]:
 # structs passed by value: C type -> bytes (the PTX gives them as .align N .b8 name[bytes])
 _STRUCTS = {"TensorMap": 128}  # a CUtensorMap (pydflash.tensormap), __grid_constant__
 
-# C parameter type -> (host cast, the PTX .param type NVRTC gives it)
+# C parameter type -> (host cast, the PTX .param type NVRTC gives it, its struct format code)
 _SCALARS = {
-    "int": (np.int32, ".u32"),
-    "long long": (np.int64, ".u64"),
-    "float": (np.float32, ".f32"),
-    "unsigned": (np.uint32, ".u32"),
+    "int": (np.int32, ".u32", "i"),
+    "long long": (np.int64, ".u64", "q"),
+    "float": (np.float32, ".f32", "f"),
+    "unsigned": (np.uint32, ".u32", "I"),
 }
 
 
@@ -88,6 +89,13 @@ class Param:
         if self.is_struct:
             return f".b8[{_STRUCTS[self.ctype]}]"
         return ".u64" if self.is_pointer else _SCALARS[self.ctype][1]
+
+    @property
+    def struct_code(self) -> str:
+        """The value's struct format code in a launch's parameter buffer (pdl.ParamBlock)."""
+        if self.is_struct:
+            return f"{_STRUCTS[self.ctype]}s"
+        return "Q" if self.is_pointer else _SCALARS[self.ctype][2]
 
     def caster(self) -> Callable[[Any], Any]:
         if self.is_pointer:
@@ -114,6 +122,11 @@ class KernelSpec:
         """A struct by value (a tensor map) among the parameters: launched through the
         driver's cuLaunchKernelEx (CuPy's launcher passes arrays and scalars only)."""
         return any(p.is_struct for p in self.params)
+
+    @functools.cached_property
+    def param_block(self) -> ParamBlock:
+        """How the driver's launch call (pydflash.pdl) lays out this kernel's arguments."""
+        return ParamBlock(tuple(p.struct_code for p in self.params))
 
     def args(self, values: dict[str, Any]) -> tuple:
         """The launch argument tuple, cast from the spec; every parameter named exactly once."""

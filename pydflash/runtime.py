@@ -211,13 +211,23 @@ class Runtime:
             stream = cp.cuda.get_current_stream().ptr
             programmatic = pdl and self.use_pdl and self._pdl.available
             self._pdl.launch(
-                fn.kernel.ptr, grid, block, smem, stream, values, spec.name, programmatic
+                fn.kernel.ptr,
+                grid,
+                block,
+                smem,
+                stream,
+                values,
+                spec.param_block,
+                spec.name,
+                programmatic,
             )
             return
         if pdl and self.use_pdl and self._pdl.available:
             stream = cp.cuda.get_current_stream().ptr
             try:
-                self._pdl.launch(fn.kernel.ptr, grid, block, smem, stream, values, spec.name)
+                self._pdl.launch(
+                    fn.kernel.ptr, grid, block, smem, stream, values, spec.param_block, spec.name
+                )
                 return
             except PdlUnsupported:  # only that answer: every other launch error is raised
                 self._pdl.available = False
