@@ -113,3 +113,32 @@ def test_kernel_resources_reads_the_ptxas_report(capsys):
     assert all(0 < r["regs"] <= 255 and r["spill"] == (0, 0) for r in rows)
     assert kernel_resources.main(["--family", "norm", "--arch", "sm_80"]) == 0
     assert "norm.residual_rms_norm" in capsys.readouterr().out
+
+
+def test_bench_round_host_profile_ranks_host_functions_by_own_time(capsys):
+    """bench_round --host-profile's report (pure host, no GPU): the functions a call spends its
+    host time in, by their own time, per call; the setup before each call is not counted."""
+    import time
+
+    from tools import bench_round
+
+    def slow_part():
+        time.sleep(0.002)
+
+    def fast_part():
+        return sum(range(50))
+
+    def call():
+        slow_part()
+        fast_part()
+        fast_part()
+
+    setups = []
+    bench_round.host_profile_calls("a call", call, 5, setup=lambda: setups.append(1), top=20)
+    out = capsys.readouterr().out.splitlines()
+    assert len(setups) == 5
+    assert out[0].startswith("host profile of a call: ") and out[0].endswith(", 5 calls")
+    assert float(out[0].split(": ")[1].split(" us")[0]) >= 2000  # the sleep, per call
+    assert "time.sleep" in out[1]  # the largest own time first
+    fast = next(line for line in out[1:] if "fast_part" in line)
+    assert fast.split("calls")[-1].strip() == "2.0"  # calls per profiled call

@@ -2,6 +2,7 @@
 
     python tools/bench_round.py [--preset qwen3-8b-b16 | --ckpt DIR] [--precision bf16 q8_0]
                                 [--ctx 4096] [--rounds 200] [--propose] [--batch 1 4 16 64]
+                                [--host-profile]
 
 For each precision: forward_round at ctx (on the drafter's default KV: bf16 K/V but for f32,
 sliding layers in rings), ingest_ctx of 1 and of 4096 rows, draft_tokens with a synthetic bf16
@@ -46,6 +47,33 @@ def timed(cp, stream, fn, repeats: int, warmup: int = 5, setup=None) -> float:
         if i >= warmup:
             times.append(cp.cuda.get_elapsed_time(start, stop))
     return float(np.median(times))
+
+
+def host_profile_calls(label: str, fn, calls: int, setup=None, top: int = 15) -> None:
+    """cProfile of `calls` calls of fn (setup before each, not profiled): the host functions
+    by their own time, the top `top`, with the host time a call."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    total = 0.0
+    for _ in range(calls):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        prof.enable()
+        fn()
+        prof.disable()
+        total += time.perf_counter() - t0
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # own time
+    print(f"host profile of {label}: {total / calls * 1e6:.0f} us a call (profiled), {calls} calls")
+    for (file, line, func), (_, ncalls, own, cum, _) in rows[:top]:
+        where = f"{Path(file).name}:{line}({func})"
+        print(
+            f"  {where:60s} own {own / calls * 1e6:8.1f} us  cum {cum / calls * 1e6:8.1f} us"
+            f"  calls {ncalls / calls:6.1f}"
+        )
 
 
 def copy_bandwidth(cp, stream, nbytes: int = 2 << 30) -> float:
@@ -129,6 +157,7 @@ def bench_precision(
     lm_bits,
     propose: bool = False,
     rate: float | None = None,
+    host_profile: bool = False,
 ) -> list[tuple]:
     """(label, precision, op, median ms, weight bytes, extra bytes) rows for one precision."""
     from pydflash import DflashDraft
@@ -175,6 +204,13 @@ def bench_precision(
         cp, e.stream, lambda: d.ingest_ctx(e, kv, feats[:1], [ctx], 1), rounds, setup=roll_back
     )
     rows.append((label, precision, "ingest_ctx 1 row", t_in1, kv_w, 0))
+    if host_profile:  # where the 1-row ingest's host time goes (its GPU waits for the host)
+        host_profile_calls(
+            f"ingest_ctx 1 row ({precision})",
+            lambda: d.ingest_ctx(e, kv, feats[:1], [ctx], 1),
+            rounds,
+            roll_back,
+        )
     roll_back(ctx)
     kv_in = d.new_kv(e, 4096)  # its own KV, so kv keeps ctx rows
     item = 2 if kv_in.dtype == "bf16" else 4
@@ -377,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
         "first one's B = 1)",
     )
     ap.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="cProfile the 1-row ingest_ctx calls (host-bound): the top host functions by "
+        "their own time",
+    )
+    ap.add_argument(
         "--tile",
         default=None,
         help="--batch: gemm_bf16act's tile above its small rows on sm_90 for this run "
@@ -442,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                 lm_bits,
                 args.propose,
                 rate,
+                args.host_profile,
             )
             cp.get_default_memory_pool().free_all_blocks()
 
