@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .ops import attention, gemm_bf16act, linear
+from .ops import attention, gemm, linear
 from .rope import attention_factor, inv_freq
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -16,10 +16,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .weights import DflashLayer
 
 INGEST_CHUNK = 256  # ctx rows projected per launch in ingest_ctx (bounds its buffers)
-# kv_part's rows where ingest takes gemm_bf16act.project_split (hi and lo rows of 2048 ctx rows
-# a launch: 512 blocks of the wgmma tile at qwen3-8b's kv width, ~2 waves on an H200; kv_part
-# of ks_kv * INGEST_CHUNK = 1024 rows gave launches of 64-128 blocks, measured 5.4-6.0 ms for
-# 4096 rows, slower than gemm.cu's 3.6)
+# kv_part's rows where ingest takes the hi/lo path (gemm.takes_hilo_ingest: hi and lo rows of
+# 2048 ctx rows a launch: 512 blocks of the wgmma tile at qwen3-8b's kv width, ~2 waves on an
+# H200; kv_part of ks_kv * INGEST_CHUNK = 1024 rows gave launches of 64-128 blocks, measured
+# 5.4-6.0 ms for 4096 rows, slower than gemm.cu's 3.6)
 HILO_ROWS = 4096
 
 
@@ -53,7 +53,7 @@ class RoundBuffers(KSplits):
     def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> None:
         super().__init__(e, layer)
         self.seqs = seqs
-        hilo = seqs == 1 and gemm_bf16act.takes_ingest(e, layer.kv)
+        hilo = seqs == 1 and gemm.takes_hilo_ingest(e, layer.kv)
         for name, shape in _shapes(cfg, layer, seqs, self, hilo).items():
             setattr(self, name, e.empty(shape))
         self.att = attention.Scratch(
@@ -75,7 +75,7 @@ class RoundBuffers(KSplits):
         _, o_part, ml_part = attention.Scratch.shapes(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
-        hilo = seqs == 1 and gemm_bf16act.takes_ingest(e, layer.kv)
+        hilo = seqs == 1 and gemm.takes_hilo_ingest(e, layer.kv)
         shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo)
         xb_bytes = 2 * shapes["kv_part"][0] * INGEST_CHUNK * cfg.hidden if hilo else 0
         f32 = [*shapes.values(), o_part, ml_part]

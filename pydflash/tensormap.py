@@ -13,8 +13,10 @@ from .errors import DeviceError, ShapeError
 
 TENSOR_MAP_BYTES = 128
 # CUtensorMapDataType / Interleave / Swizzle / L2promotion / FloatOOBfill (cuda.h)
+_DTYPE_UINT8 = 0
 _DTYPE_BFLOAT16 = 9
 _INTERLEAVE_NONE = 0
+_SWIZZLE_NONE = 0
 _SWIZZLE_128B = 3
 _L2_PROMOTION_256B = 3
 _OOB_FILL_ZEROS = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: elements out of bounds read as zeros
@@ -70,17 +72,50 @@ def bf16_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int = 64)
         problems.append(f"box {box_rows} x {box_cols} (rows <= 256, 64 columns)")
     if problems:
         raise ShapeError("tensor map: " + "; ".join(problems))
+    return _encode(_DTYPE_BFLOAT16, ptr, rows, cols, 2 * cols, box_rows, box_cols, _SWIZZLE_128B)
+
+
+@functools.lru_cache(maxsize=4096)
+def u8_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> TensorMap:
+    """The map of a row-major byte matrix [rows, cols] (contiguous rows: quants) at device
+    address ptr, copied unswizzled in boxes of box_rows x box_cols bytes (rows of box_cols bytes
+    in shared memory); rows past `rows` and columns past `cols` read as zeros."""
+    problems = []
+    if ptr % 16:
+        problems.append(f"address {ptr:#x} is not 16-byte aligned")
+    if cols % 16:
+        problems.append(f"row of {cols} bytes is not a multiple of 16 bytes")
+    if not (0 < rows < 2**32 and 0 < cols < 2**32):
+        problems.append(f"dims {rows} x {cols} out of range")
+    if not (0 < box_rows <= 256 and 0 < box_cols <= 256 and box_cols % 16 == 0):
+        problems.append(f"box {box_rows} x {box_cols} (rows <= 256, columns 16..256 by 16)")
+    if problems:
+        raise ShapeError("tensor map: " + "; ".join(problems))
+    return _encode(_DTYPE_UINT8, ptr, rows, cols, cols, box_rows, box_cols, _SWIZZLE_NONE)
+
+
+def _encode(
+    dtype: int,
+    ptr: int,
+    rows: int,
+    cols: int,
+    row_bytes: int,
+    box_rows: int,
+    box_cols: int,
+    swizzle: int,
+) -> TensorMap:
+    """cuTensorMapEncodeTiled of a 2-D row-major matrix (arguments checked by the callers)."""
     fn = _encoder()
     if fn is None:
         raise DeviceError("tensor maps: the driver has no cuTensorMapEncodeTiled (CUDA < 12)")
     out = (ctypes.c_uint8 * TENSOR_MAP_BYTES)()
     dims = (ctypes.c_uint64 * 2)(cols, rows)
-    strides = (ctypes.c_uint64 * 1)(2 * cols)
+    strides = (ctypes.c_uint64 * 1)(row_bytes)
     box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     steps = (ctypes.c_uint32 * 2)(1, 1)
     res = fn(  # type: ignore[operator]
         ctypes.addressof(out),
-        _DTYPE_BFLOAT16,
+        dtype,
         2,
         ptr,
         dims,
@@ -88,13 +123,13 @@ def bf16_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int = 64)
         box,
         steps,
         _INTERLEAVE_NONE,
-        _SWIZZLE_128B,
+        swizzle,
         _L2_PROMOTION_256B,
         _OOB_FILL_ZEROS,
     )
     if res != 0:
         raise DeviceError(
-            f"cuTensorMapEncodeTiled failed ({res}) for bf16 [{rows}, {cols}] at {ptr:#x}, "
-            f"box {box_rows} x {box_cols}"
+            f"cuTensorMapEncodeTiled failed ({res}) for a [{rows}, {cols}] matrix (type {dtype}) "
+            f"at {ptr:#x}, box {box_rows} x {box_cols}"
         )
     return TensorMap(bytes(out))

@@ -44,7 +44,7 @@ def test_arch_specific_families_compile_for_sm_90a_with_their_instructions(modul
     fam = FAMILIES[module]
     ptx = kernels.compile_for_arch(module, "sm_90a", fam.options, ptx=True).decode()
     assert "wgmma.mma_async" in ptx
-    if module == "gemm_bf16act_tma":  # TMA copies completing on mbarriers
+    if module in ("gemm_bf16act_tma", "gemm_quant_tma"):  # TMA copies completing on mbarriers
         assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.try_wait.parity" in ptx
     else:  # cp.async copies made visible to wgmma's async proxy
         assert "fence.proxy.async" in ptx

@@ -28,3 +28,11 @@ def test_tensor_map_parameters_cast_and_match_their_ptx_declaration():
     assert spec.takes_structs and spec.family.has_structs
     plain = kernels.Family("y").kernel("k", "const float* x, int n")
     assert not plain.takes_structs and not plain.family.has_structs
+
+
+def test_u8_rows_reports_every_problem_before_the_driver():
+    with pytest.raises(ShapeError) as err:
+        tensormap.u8_rows(0x1004, 5, 24, 300, 40)
+    msg = str(err.value)
+    for part in ("16-byte aligned", "row of 24 bytes", "box 300 x 40"):
+        assert part in msg, part

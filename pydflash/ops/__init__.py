@@ -7,6 +7,7 @@ from . import (
     elementwise,
     gemm,
     gemm_bf16act,
+    gemm_quant,
     linear,
     linear_v3,
     markov,
@@ -33,4 +34,4 @@ FAMILIES = tuple(
         quant,
         verify,
     )
-) + (gemm_bf16act.FAMILY_SM90, gemm_bf16act.FAMILY_TMA)
+) + (gemm_bf16act.FAMILY_SM90, gemm_bf16act.FAMILY_TMA, gemm_quant.FAMILY)

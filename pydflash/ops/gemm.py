@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import DeviceError, ShapeError
 from ..kernels import Family
-from . import gemm_bf16act, linear
+from . import gemm_bf16act, gemm_quant, linear
 from .linear_split import checked_row_stride
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,6 +144,13 @@ class IngestPlan(NamedTuple):
     xb: Any
 
 
+def takes_hilo_ingest(rt: Runtime, w: GpuTensor) -> bool:
+    """Whether ingest_ctx's many-row projection through w runs as two partials, hi(x) . w^T and
+    lo(x) . w^T, on sm_90's TMA tiles (bf16: gemm_bf16act; q8_0 / q4_0: gemm_quant, when
+    enabled) instead of gemm.matmul: the drafter then keeps the bf16 scratch they read."""
+    return gemm_bf16act.takes_ingest(rt, w) or gemm_quant.takes_ingest(rt, w)
+
+
 def ingest_plan(
     rt: Runtime, ws: list[GpuTensor], rows: int, part: Any, ks_decode: int, xb: Any
 ) -> IngestPlan:
@@ -152,7 +159,7 @@ def ingest_plan(
     n = part.shape[-1]
     if not all(use_gemm(rt, w, rows) for w in ws):
         return IngestPlan(False, part.shape[1], ks_decode, part.shape[1] * n, None)
-    if xb is not None and all(gemm_bf16act.takes_ingest(rt, w) for w in ws):
+    if xb is not None and all(takes_hilo_ingest(rt, w) for w in ws):
         half = part.size // n // 2  # two partials: the hi and the lo products
         chunk = -(-rows // -(-rows // half))  # balanced: the last chunk computes no spare rows
         return IngestPlan(True, chunk, 2, chunk * n, xb)
@@ -174,7 +181,9 @@ def project_rows(
     one partial over the start of `part` (rows of w.out_features, n_split = 1 for the
     consumer) or, given the bf16 scratch xb, gemm_bf16act's hi and lo partials split_stride
     apart (n_split = 2); or linear.project's `ksplit` partials split_stride apart."""
-    if big and xb is not None:  # one tile for every row count: a row's bits never depend on m
+    if big and xb is not None and w.fmt in gemm_quant.FORMATS:
+        gemm_quant.project_split(rt, w, x, m, part, split_stride, scratch=xb)
+    elif big and xb is not None:  # one tile for every row count: a row's bits never depend on m
         tile = gemm_bf16act.resolve_tile(rt, gemm_bf16act.SM90_TILE, w.in_features, 1)
         gemm_bf16act.project_split(rt, w, x, m, part, split_stride, scratch=xb, tile=tile)
     elif big:

@@ -229,7 +229,7 @@ def project(
     if m == 0:
         return
     if rounded is None:
-        _launch_prepass(rt, ROUND, x, ldx, m, k, Xb=scratch)
+        launch_prepass(rt, ROUND, x, ldx, m, k, Xb=scratch)
     xb = scratch if rounded is None else rounded
     _launch_gemm(rt, w, xb, m, out, epilogue, ksplit, split_stride, tile)
 
@@ -277,7 +277,7 @@ def project_split(
     if m == 0:
         return
     hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
-    _launch_prepass(rt, SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
+    launch_prepass(rt, SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
     _launch_gemm(rt, w, scratch, rows + m, out.reshape(-1), "store", 1, 0, tile)
 
 
@@ -342,7 +342,7 @@ def _check(
     return ldx
 
 
-def _launch_prepass(rt: Runtime, kernel: Any, x: Any, ldx: int, m: int, k: int, **out: Any) -> None:
+def launch_prepass(rt: Runtime, kernel: Any, x: Any, ldx: int, m: int, k: int, **out: Any) -> None:
     """round_bf16 (Xb) or split_bf16 (Xhi, Xlo) over x[:m] (checked by _check)."""
     quads = m * (k // 4)
     grid = (min(-(-quads // THREADS), 4 * 1024),)

@@ -1,0 +1,247 @@
+// gemm_quant_tma: Y[r, n] = sum_b d[n, b] * sum_{k in block b} Xb[r, k] * q[n, k] for q8_0 / q4_0
+// weights (pydflash/ops/gemm_quant.py): context ingest's projection on Hopper, the quantized
+// counterpart of gemm_bf16act_tma's hi/lo split (Xb = hi(x) or lo(x) rows of the bf16 scratch,
+// the two partials the consumer adds). Each 32-wide K block (one GGML block) is multiplied
+// afresh and scaled by its f16 d before it joins the f32 accumulator, as in gemm.cu, so the
+// GGML values are used unchanged: the integer quants are exact bf16 MMA operands.
+//
+// Roles swapped against gemm_bf16act_tma (Y^T = W . Xb^T): the weights are wgmma's A operand,
+// taken from registers (each thread turns its quants into bf16 pairs: a warp's 16 rows x 16 k
+// as mma.m16n8k16's A fragment), and 128 rows of Xb are the B operand in shared memory (K-major,
+// 128B swizzle, the layout gemm_bf16act_tma reads its weights in). A block: 128 weight rows
+// (two consumer warpgroups of 64) x 128 rows of Xb, K tiles of 64 (two GGML blocks).
+// - one producer thread streams each K tile's Xb box (128 x 64 bf16) and quant box (128 rows x
+//   64 int8, or 32 bytes of q4_0 nibbles) by cp.async.bulk.tensor into a QT_STAGES-deep ring on
+//   full / empty mbarriers (rows past the ends zero-filled by the copy engine);
+// - per GGML block a consumer warpgroup issues two wgmma.m64n128k16 into a fresh accumulator,
+//   waits for them, and adds d * that block's sums to its accumulator (the scales of its
+//   thread's two rows read from global memory beside the MMAs).
+//
+// Storage (pydflash/tensor.py): q8_0 int8 [N, K]; q4_0 uint8 [N, K/2], per 32-block byte j =
+// element j (low nibble) and element j + 16 (high nibble), value = nibble - 8; scales f16 bits
+// [N, K/32] (row stride lds). Y float32 [R, ldy]: row r of Xb -> row r of Y, columns n < N.
+// Compiled for sm_90a only (Family(arch_specific=True)); elsewhere the entries trap.
+// Grid: x = N tiles of 128, y = R tiles of 128. Block: 288 threads (warpgroups 0 and 1 the
+// consumers, warp 8 the producer). Dynamic shared memory: QT_STAGES * (16 KiB + the quant tile)
+// + 1 KiB (the ring's 1024-byte alignment).
+#include "wgmma.cuh"
+
+#define QT_CONSUMERS 256
+#define QT_THREADS (QT_CONSUMERS + 32)
+#define QT_BN 128        // weight rows a block (two warpgroups of 64)
+#define QT_BR 128        // Xb rows a block (wgmma's N)
+#define QT_BK 64         // K a tile: two GGML blocks
+#define QT_X_BYTES (QT_BR * 128)
+#define QT_FMT_Q8_0 1
+#define QT_FMT_Q4_0 2
+
+struct __align__(64) TensorMap {
+    unsigned long long words[16];
+};
+
+__device__ __forceinline__ unsigned qt_smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void qt_mbar_init(unsigned bar, unsigned count) {
+#if WG_ENABLED
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void qt_mbar_expect_tx(unsigned bar, unsigned bytes) {
+#if WG_ENABLED
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void qt_mbar_arrive(unsigned bar) {
+#if WG_ENABLED
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void qt_mbar_wait(unsigned bar, unsigned parity) {
+#if WG_ENABLED
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "QT_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra QT_WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void qt_tma_load_2d(unsigned dst, const TensorMap* map, unsigned bar,
+                                               int inner, int row) {
+#if WG_ENABLED
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(inner), "r"(row)
+        : "memory");
+#endif
+}
+
+// d (64 f32 of this thread) = A (64 x 16: this warp's 16 rows in registers, the A fragment of
+// mma.m16n8k16) . B (128 x 16, descriptor b)^T, + d when `accumulate`
+__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const unsigned (&a)[4],
+                                                    unsigned long long b, int accumulate) {
+#if WG_ENABLED
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+#else
+    (void)d;
+    (void)a;
+    (void)b;
+    (void)accumulate;
+#endif
+}
+
+// Two quants (signed integers in [-128, 127]) -> one register of two bf16 (exact): `lo` in bits
+// 0..15, the A fragment's lower k.
+__device__ __forceinline__ unsigned qt_pair(int lo, int hi) {
+    return pack_bf16x2((float)lo, (float)hi);
+}
+
+// This thread's A fragment of k16 step `ks` (0..3) of the tile from the quant tile `wt` (row
+// stride ROW bytes, unswizzled): rows ra = g and rb = g + 8 of its warp's 16, k = 16 ks + 2t,
+// + 1 (registers 0, 1) and 16 ks + 2t + 8, + 9 (registers 2, 3).
+template <int FMT>
+__device__ __forceinline__ void qt_a_fragment(unsigned (&a)[4], const unsigned char* wt, int ra,
+                                              int ks, int t) {
+    constexpr int ROW = FMT == QT_FMT_Q8_0 ? QT_BK : QT_BK / 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // h = 0: k 2t, 2t + 1; h = 1: k 2t + 8, 2t + 9
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {  // rows ra, ra + 8
+            const unsigned char* row = wt + (ra + 8 * rr) * ROW;
+            int v0, v1;
+            if (FMT == QT_FMT_Q8_0) {
+                const int k = 16 * ks + 2 * t + 8 * h;
+                v0 = (int)(signed char)row[k];
+                v1 = (int)(signed char)row[k + 1];
+            } else {  // block ks / 2, elements e = 16 (ks % 2) + 2t + 8h: byte e % 16 of the
+                      // block, its low nibble for e < 16, its high one above
+                const int byte = 16 * (ks >> 1) + 2 * t + 8 * h;
+                const int shift = (ks & 1) ? 4 : 0;
+                v0 = (int)((row[byte] >> shift) & 0xF) - 8;
+                v1 = (int)((row[byte + 1] >> shift) & 0xF) - 8;
+            }
+            a[2 * h + rr] = qt_pair(v0, v1);
+        }
+    }
+}
+
+template <int FMT, int STAGES>
+__device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorMap* xmap,
+                                            const f16_bits* scales, long long lds, float* Y,
+                                            long long ldy, int R, int N, int K) {
+#if WG_ENABLED
+    constexpr int W_BYTES = QT_BN * (FMT == QT_FMT_Q8_0 ? QT_BK : QT_BK / 2);
+    constexpr int STAGE_BYTES = QT_X_BYTES + W_BYTES;
+    static_assert(STAGE_BYTES % 1024 == 0, "every stage's Xb tile 1024-byte aligned");
+    extern __shared__ __align__(1024) unsigned char qt_smem_raw[];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[s], then empty[s]
+    const unsigned raw = qt_smem_addr(qt_smem_raw);
+    unsigned char* ring = qt_smem_raw + ((1024 - (raw & 1023)) & 1023);
+    const unsigned ring_s = qt_smem_addr(ring), full0 = qt_smem_addr(bars);
+    const unsigned empty0 = full0 + 8 * STAGES;
+    const int tid = threadIdx.x;
+    const int n0 = blockIdx.x * QT_BN, r0 = blockIdx.y * QT_BR;
+    const int nk = K / QT_BK;  // K % 64 == 0 (the launcher's check)
+
+    if (tid == QT_CONSUMERS) {
+        for (int s = 0; s < STAGES; ++s) {
+            qt_mbar_init(full0 + 8 * s, 1);
+            qt_mbar_init(empty0 + 8 * s, QT_CONSUMERS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid >= QT_CONSUMERS) {  // the producer warp: one thread issues every copy
+        if (tid == QT_CONSUMERS) {
+            for (int kt = 0; kt < nk; ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) qt_mbar_wait(empty0 + 8 * s, ((kt / STAGES) + 1) & 1);
+                const unsigned stage = ring_s + s * STAGE_BYTES, full = full0 + 8 * s;
+                qt_mbar_expect_tx(full, STAGE_BYTES);
+                qt_tma_load_2d(stage, xmap, full, kt * QT_BK, r0);
+                const int inner = FMT == QT_FMT_Q8_0 ? kt * QT_BK : kt * (QT_BK / 2);
+                qt_tma_load_2d(stage + QT_X_BYTES, wmap, full, inner, n0);
+            }
+        }
+        return;
+    }
+
+    const int cw = tid >> 7;  // the consumer warpgroup: weight rows 64 cw..
+    const int lane = tid & 31, wq = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const int ra = cw * 64 + wq * 16 + g;  // this thread's rows ra and ra + 8 of the block
+    const int na = n0 + ra, nb = na + 8;
+    const f16_bits* sa = scales + (long long)min(na, N - 1) * lds;
+    const f16_bits* sb = scales + (long long)min(nb, N - 1) * lds;
+    float acc[64], blk[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+
+    for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % STAGES;
+        const int c0 = 2 * kt;  // this tile's first GGML block
+        const float da0 = na < N ? f16_to_f32(sa[c0]) : 0.f, db0 = nb < N ? f16_to_f32(sb[c0]) : 0.f;
+        const float da1 = na < N ? f16_to_f32(sa[c0 + 1]) : 0.f;
+        const float db1 = nb < N ? f16_to_f32(sb[c0 + 1]) : 0.f;
+        qt_mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
+        const unsigned char* xs = ring + s * STAGE_BYTES;
+        const unsigned char* wt = xs + QT_X_BYTES;
+        const unsigned long long b = wg_desc(xs);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // the tile's two GGML blocks
+            unsigned a0[4], a1[4];
+            qt_a_fragment<FMT>(a0, wt, ra, 2 * half, t);
+            qt_a_fragment<FMT>(a1, wt, ra, 2 * half + 1, t);
+            wg_fence_operands(blk);
+            wg_fence();
+            wgmma_rs_m64n128k16(blk, a0, b + 2 * (2 * half), 0);  // a fresh block sum
+            wgmma_rs_m64n128k16(blk, a1, b + 2 * (2 * half + 1), 1);
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_operands(blk);
+            const float da = half ? da1 : da0, db = half ? db1 : db0;
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc[i] = fmaf((i & 2) ? db : da, blk[i], acc[i]);
+        }
+        qt_mbar_arrive(empty0 + 8 * s);  // this thread is done with the stage
+    }
+
+    // acc[4j + 0, 1] = (weight row na, Xb rows r0 + 8j + 2t, + 1); acc[4j + 2, 3]: row nb
+#pragma unroll
+    for (int j = 0; j < QT_BR / 8; ++j) {
+        const int r = r0 + 8 * j + 2 * t;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int n = (e & 2) ? nb : na, row = r + (e & 1);
+            if (n < N && row < R) Y[(long long)row * ldy + n] = acc[4 * j + e];
+        }
+    }
+#else
+    __trap();  // sm_90a only: pydflash launches these on sm_90 alone
+#endif
+}
+
+#define QT_ENTRY(name, FMT, STAGES)                                                           \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS, 1)                               \
+        name(const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, \
+             const f16_bits* scales, long long lds, float* Y, long long ldy, int R, int N,   \
+             int K) {                                                                        \
+        quant_tiles<FMT, STAGES>(&wmap, &xmap, scales, lds, Y, ldy, R, N, K);                \
+    }
+QT_ENTRY(gemm_quant_q8_0_tma, QT_FMT_Q8_0, 4)
+QT_ENTRY(gemm_quant_q4_0_tma, QT_FMT_Q4_0, 4)

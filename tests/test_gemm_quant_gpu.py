@@ -1,0 +1,153 @@
+"""Ingest's projection of q8_0 / q4_0 weights on sm_90's TMA tile (cuda_src/gemm_quant_tma.cu,
+pydflash/ops/gemm_quant.py) against float64 NumPy products on fresh random inputs, every
+element checked, and the drafter's ingest through it against the reference and against
+gemm.cu's path (skipped without a CUDA device, and off sm_90)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pydflash.errors import ShapeError
+from pydflash.testing import PATH_ROUNDING, TOLERANCE, reference_for, rel
+
+cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
+
+
+@pytest.fixture
+def sm90(engine):
+    from pydflash.ops import gemm_bf16act
+
+    if not gemm_bf16act.tma_usable(engine):
+        pytest.skip(f"gemm_quant runs on sm_90 with tensor maps, this device is {engine.arch}")
+    return engine
+
+
+@pytest.fixture
+def enabled(monkeypatch):
+    from pydflash.ops import gemm_quant
+
+    monkeypatch.setattr(gemm_quant, "ENABLED", True)
+
+
+def bf16(a):
+    """a rounded to bf16 (nearest even), as float64."""
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def weight(e, rng, n, k, fmt):
+    from pydflash import GpuTensor
+
+    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
+    return w, w.dequantize().astype(np.float64)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize(
+    "m,n,k", [(64, 128, 64), (200, 2048, 4096), (1000, 136, 1088), (129, 8, 64), (300, 520, 192)]
+)
+def test_split_partials_are_the_hi_and_lo_products(sm90, rng, fmt, m, n, k):
+    """partial 0 = hi(x) . w^T, partial 1 = lo(x) . w^T: each within f32 summation rounding
+    (a GGML block's MMA sums scaled by d, added in block order) of its float64 product, their
+    sum within the split's residue of the exact product; nothing written past the partials."""
+    from pydflash.ops import gemm_quant
+
+    e = sm90
+    w, wd = weight(e, rng, n, k, fmt)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, :] *= 1e3
+    x[-1, :] *= 1e-3
+    stride = (m + 5) * n  # 5 spare rows after the first partial (scratch rows)
+    out = cp.full((2 * stride + 7,), np.nan, np.float32)
+    scratch = cp.zeros((2 * m + 5) * k + 64, np.uint16)
+    with e.ordered():
+        gemm_quant.project_split(e, w, cp.asarray(x), m, out, stride, scratch=scratch)
+    got = cp.asnumpy(out)
+    assert np.isnan(got[stride + m * n :]).all(), "wrote past the second partial"
+    hi = bf16(x)
+    lo = bf16(x - hi)
+    for part, xs, what in ((got[: m * n], hi, "hi"), (got[stride : stride + m * n], lo, "lo")):
+        ref = xs @ wd.T
+        scale = np.abs(xs) @ np.abs(wd).T
+        bound = (k / 8 + 64) * 2.0**-23 * scale + 1e-30  # the d products add a rounding a block
+        bad = ~(np.abs(part.reshape(m, n) - ref) <= bound)  # NaN fails too
+        assert not bad.any(), f"{what}: {bad.sum()} out of bound, first {np.argwhere(bad)[0]}"
+    total = got[: m * n].astype(np.float64) + got[stride : stride + m * n]
+    exact = (x.astype(np.float64) @ wd.T).reshape(-1)
+    scale = (np.abs(x.astype(np.float64)) @ np.abs(wd).T).reshape(-1)
+    bound = (2.0**-16 + (k / 8 + 64) * 2.0**-23) * scale + 1e-30
+    assert (np.abs(total - exact) <= bound).all()
+    err = rel(total, exact)
+    print(f"gemm_quant {fmt} M={m} N={n} K={k}: rel to the exact product {err:.2e}")
+    assert err < 1e-5
+
+
+def test_refusals_leave_the_output_untouched(sm90, rng):
+    from pydflash.ops import gemm_quant
+
+    e = sm90
+    w, _ = weight(e, rng, 64, 128, "q8_0")
+    wb, _ = weight(e, rng, 64, 128, "bf16")
+    w96, _ = weight(e, rng, 64, 96, "q8_0")
+    x = cp.asarray(rng.standard_normal((16, 128)).astype(np.float32))
+    out = cp.full((2 * 16 * 64,), np.nan, np.float32)
+    scratch = cp.zeros(2 * 16 * 128, np.uint16)
+    bad = [
+        (dict(w=wb), "q8_0 / q4_0 weights"),
+        (dict(w=w96), "multiple of 64"),
+        (dict(split_stride=16 * 64 - 1), "split_stride"),
+        (dict(out=out[:100]), "out:"),
+        (dict(scratch=scratch[:100]), "scratch:"),
+        (dict(x=x[:, :64]), "x:"),
+    ]
+    for change, match in bad:
+        args = dict(w=w, x=x, split_stride=16 * 64, out=out, scratch=scratch) | change
+        with pytest.raises(ShapeError, match=match), e.ordered():
+            gemm_quant.project_split(
+                e,
+                args["w"],
+                args["x"],
+                16,
+                args["out"],
+                args["split_stride"],
+                scratch=args["scratch"],
+            )
+    assert np.isnan(cp.asnumpy(out)).all()
+
+
+@pytest.mark.parametrize("precision", ["q8_0", "q4_0"])
+def test_ingest_through_the_quant_tile(sm90, enabled, preset_checkpoint, rng, precision):
+    """With gemm_quant enabled, ingest_ctx of many rows takes it (hi and lo partials): the round
+    after it matches the reference, two calls match one bit for bit, and the round matches the
+    one after gemm.cu's ingest (gemm_quant off) within PATH_ROUNDING."""
+    from pydflash import DflashDraft
+    from pydflash.ops import gemm, gemm_quant
+
+    e = sm90
+    d = DflashDraft.load(e, preset_checkpoint("medium"), precision)
+    cfg = d.cfg
+    assert d._buf.kv_xb is not None and gemm_quant.takes_ingest(e, d.layers[0].kv)
+    ctx = 2 * gemm.MIN_ROWS + 77
+    ref = reference_for(d, np.float64)
+    feats = (rng.standard_normal((ctx, cfg.hidden)) * 0.5).astype(np.float32)
+    noise = (rng.standard_normal((cfg.block_size, cfg.hidden)) * 0.5).astype(np.float32)
+    pos = np.arange(ctx + cfg.block_size, dtype=np.int32) + 3
+    expect = ref.forward_block(feats, noise, pos, ctx)
+
+    def round_after(draft, cuts):
+        kv = draft.new_kv(e, ctx)
+        for a, b in zip(cuts, cuts[1:]):
+            draft.ingest_ctx(e, kv, cp.asarray(feats[a:b]), pos[a:b], b - a)
+        return cp.asnumpy(draft.forward_round(e, kv, cp.asarray(noise), pos[ctx:]))
+
+    one = round_after(d, [0, ctx])
+    err = rel(one, expect)
+    assert err < TOLERANCE[precision]
+    np.testing.assert_array_equal(round_after(d, [0, ctx // 2, ctx]), one)
+    gemm_quant.ENABLED = False  # the same checkpoint through gemm.cu
+    d_cu = DflashDraft.load(e, preset_checkpoint("medium"), precision)
+    assert d_cu._buf.kv_xb is None
+    paths = rel(round_after(d_cu, [0, ctx]), one)
+    assert paths < PATH_ROUNDING[d.kv_dtype]
+    print(
+        f"INGEST gemm_quant {precision} ctx {ctx}: round rel err {err:.2e}, vs gemm.cu {paths:.2e}"
+    )
