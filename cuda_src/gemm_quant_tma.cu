@@ -105,6 +105,14 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const unsign
 #endif
 }
 
+// The A fragments as operands of an empty asm: their conversions stay before wgmma.fence (the
+// fence orders register writes before the wgmma that reads them; the conversions themselves
+// are not volatile and could otherwise sink past it).
+__device__ __forceinline__ void qt_fence_a(unsigned (&a)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
 // Two quants (signed integers in [-128, 127]) -> one register of two bf16 (exact): `lo` in bits
 // 0..15, the A fragment's lower k.
 __device__ __forceinline__ unsigned qt_pair(int lo, int hi) {
@@ -190,7 +198,7 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     const f16_bits* sb = scales + (long long)min(nb, N - 1) * lds;
     float acc[64], blk[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int i = 0; i < 64; ++i) acc[i] = blk[i] = 0.f;  // blk: written before it is read
 
     for (int kt = 0; kt < nk; ++kt) {
         const int s = kt % STAGES;
@@ -207,6 +215,8 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
             unsigned a0[4], a1[4];
             qt_a_fragment<FMT>(a0, wt, ra, 2 * half, t);
             qt_a_fragment<FMT>(a1, wt, ra, 2 * half + 1, t);
+            qt_fence_a(a0);
+            qt_fence_a(a1);
             wg_fence_operands(blk);
             wg_fence();
             wgmma_rs_m64n128k16(blk, a0, b + 2 * (2 * half), 0);  // a fresh block sum

@@ -92,6 +92,15 @@ def project_split(
         problems.append(f"w: gemm_quant takes q8_0 / q4_0 weights, found {w.fmt}")
     elif w.data.data.ptr % 16:
         problems.append("w: the quants' rows must start 16-byte aligned (tensor-map copies)")
+    elif (
+        w.scales is None
+        or w.scales.dtype != np.uint16
+        or w.scales.shape != (n, k // 32)
+        or w.scales.strides[1] != 2
+    ):
+        problems.append(f"w: expected uint16 scales of [{n}, {k // 32}] with contiguous rows")
+    if n == 0:
+        problems.append("w: no output rows")
     if k % BLOCK_K:
         problems.append(f"w: in_features {k} must be a multiple of {BLOCK_K}")
     rows = split_stride // n if n else 0
@@ -123,6 +132,11 @@ def project_split(
         raise ShapeError("; ".join(problems))
     if getattr(rt, "arch", None) != "sm_90" or not gemm_bf16act.tma_usable(rt):
         raise DeviceError("gemm_quant: runs on sm_90 with tensor maps only")
+    if smem_bytes(w.fmt) > rt.smem_per_block:
+        raise DeviceError(
+            f"gemm_quant {w.fmt}: needs {smem_bytes(w.fmt)} bytes of shared memory per block, "
+            f"the device offers {rt.smem_per_block}"
+        )
     if m == 0:
         return
     hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
