@@ -11,7 +11,7 @@
 // 128B swizzle, the layout gemm_bf16act_tma reads its weights in). A block: 128 weight rows
 // (two consumer warpgroups of 64) x 128 rows of Xb, K tiles of 64 (two GGML blocks).
 // - one producer thread streams each K tile's Xb box (128 x 64 bf16) and quant box (128 rows x
-//   64 int8, or 32 bytes of q4_0 nibbles) by cp.async.bulk.tensor into a QT_STAGES-deep ring on
+//   64 int8, or 32 bytes of q4_0 nibbles) by cp.async.bulk.tensor into a 4-deep ring (STAGES) on
 //   full / empty mbarriers (rows past the ends zero-filled by the copy engine);
 // - per GGML block a consumer warpgroup issues two wgmma.m64n128k16 into a fresh accumulator,
 //   waits for them, and adds d * that block's sums to its accumulator (the scales of its
@@ -22,9 +22,9 @@
 // [N, K/32] (row stride lds). Y float32 [R, ldy]: row r of Xb -> row r of Y, columns n < N.
 // Compiled for sm_90a only (Family(arch_specific=True)); elsewhere the entries trap.
 // Grid: x = N tiles of 128, y = R tiles of 128. Block: 288 threads (warpgroups 0 and 1 the
-// consumers, warp 8 the producer). Dynamic shared memory: QT_STAGES * (16 KiB + the quant tile)
+// consumers, warp 8 the producer). Dynamic shared memory: STAGES * (16 KiB + the quant tile)
 // + 1 KiB (the ring's 1024-byte alignment).
-#include "wgmma.cuh"
+#include "tma.cuh"
 
 #define QT_CONSUMERS 256
 #define QT_THREADS (QT_CONSUMERS + 32)
@@ -34,54 +34,6 @@
 #define QT_X_BYTES (QT_BR * 128)
 #define QT_FMT_Q8_0 1
 #define QT_FMT_Q4_0 2
-
-struct __align__(64) TensorMap {
-    unsigned long long words[16];
-};
-
-__device__ __forceinline__ unsigned qt_smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void qt_mbar_init(unsigned bar, unsigned count) {
-#if WG_ENABLED
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-__device__ __forceinline__ void qt_mbar_expect_tx(unsigned bar, unsigned bytes) {
-#if WG_ENABLED
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-#endif
-}
-__device__ __forceinline__ void qt_mbar_arrive(unsigned bar) {
-#if WG_ENABLED
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-__device__ __forceinline__ void qt_mbar_wait(unsigned bar, unsigned parity) {
-#if WG_ENABLED
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "QT_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra QT_WAIT;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-#endif
-}
-__device__ __forceinline__ void qt_tma_load_2d(unsigned dst, const TensorMap* map, unsigned bar,
-                                               int inner, int row) {
-#if WG_ENABLED
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-        "[%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(inner), "r"(row)
-        : "memory");
-#endif
-}
 
 // d (64 f32 of this thread) = A (64 x 16: this warp's 16 rows in registers, the A fragment of
 // mma.m16n8k16) . B (128 x 16, descriptor b)^T, + d when `accumulate`
@@ -158,9 +110,9 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     static_assert(STAGE_BYTES % 1024 == 0, "every stage's Xb tile 1024-byte aligned");
     extern __shared__ __align__(1024) unsigned char qt_smem_raw[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[s], then empty[s]
-    const unsigned raw = qt_smem_addr(qt_smem_raw);
+    const unsigned raw = smem_addr(qt_smem_raw);
     unsigned char* ring = qt_smem_raw + ((1024 - (raw & 1023)) & 1023);
-    const unsigned ring_s = qt_smem_addr(ring), full0 = qt_smem_addr(bars);
+    const unsigned ring_s = smem_addr(ring), full0 = smem_addr(bars);
     const unsigned empty0 = full0 + 8 * STAGES;
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * QT_BN, r0 = blockIdx.y * QT_BR;
@@ -168,8 +120,8 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
 
     if (tid == QT_CONSUMERS) {
         for (int s = 0; s < STAGES; ++s) {
-            qt_mbar_init(full0 + 8 * s, 1);
-            qt_mbar_init(empty0 + 8 * s, QT_CONSUMERS);
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, QT_CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -179,12 +131,12 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
         if (tid == QT_CONSUMERS) {
             for (int kt = 0; kt < nk; ++kt) {
                 const int s = kt % STAGES;
-                if (kt >= STAGES) qt_mbar_wait(empty0 + 8 * s, ((kt / STAGES) + 1) & 1);
+                if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ((kt / STAGES) + 1) & 1);
                 const unsigned stage = ring_s + s * STAGE_BYTES, full = full0 + 8 * s;
-                qt_mbar_expect_tx(full, STAGE_BYTES);
-                qt_tma_load_2d(stage, xmap, full, kt * QT_BK, r0);
+                mbar_expect_tx(full, STAGE_BYTES);
+                tma_load_2d(stage, xmap, full, kt * QT_BK, r0);
                 const int inner = FMT == QT_FMT_Q8_0 ? kt * QT_BK : kt * (QT_BK / 2);
-                qt_tma_load_2d(stage + QT_X_BYTES, wmap, full, inner, n0);
+                tma_load_2d(stage + QT_X_BYTES, wmap, full, inner, n0);
             }
         }
         return;
@@ -206,7 +158,7 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
         const float da0 = na < N ? f16_to_f32(sa[c0]) : 0.f, db0 = nb < N ? f16_to_f32(sb[c0]) : 0.f;
         const float da1 = na < N ? f16_to_f32(sa[c0 + 1]) : 0.f;
         const float db1 = nb < N ? f16_to_f32(sb[c0 + 1]) : 0.f;
-        qt_mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
+        mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
         const unsigned char* xs = ring + s * STAGE_BYTES;
         const unsigned char* wt = xs + QT_X_BYTES;
         const unsigned long long b = wg_desc(xs);
@@ -228,7 +180,7 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
 #pragma unroll
             for (int i = 0; i < 64; ++i) acc[i] = fmaf((i & 2) ? db : da, blk[i], acc[i]);
         }
-        qt_mbar_arrive(empty0 + 8 * s);  // this thread is done with the stage
+        mbar_arrive(empty0 + 8 * s);  // this thread is done with the stage
     }
 
     // acc[4j + 0, 1] = (weight row na, Xb rows r0 + 8j + 2t, + 1); acc[4j + 2, 3]: row nb

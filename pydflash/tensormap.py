@@ -61,13 +61,7 @@ def bf16_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int = 64)
     copied in boxes of box_rows x box_cols (box_cols * 2 = 128 bytes: the 128B swizzle, each box
     1024-byte aligned in shared memory as wgmma's descriptors expect); rows past `rows` and
     columns past `cols` read as zeros."""
-    problems = []
-    if ptr % 16:
-        problems.append(f"address {ptr:#x} is not 16-byte aligned")
-    if cols % 8:
-        problems.append(f"row of {cols} bf16 is not a multiple of 16 bytes")
-    if not (0 < rows < 2**32 and 0 < cols < 2**32):
-        problems.append(f"dims {rows} x {cols} out of range")
+    problems = _matrix_problems(ptr, rows, cols, 2 * cols, f"{cols} bf16")
     if not (0 < box_rows <= 256 and box_cols * 2 == 128):
         problems.append(f"box {box_rows} x {box_cols} (rows <= 256, 64 columns)")
     if problems:
@@ -80,18 +74,25 @@ def u8_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> Ten
     """The map of a row-major byte matrix [rows, cols] (contiguous rows: quants) at device
     address ptr, copied unswizzled in boxes of box_rows x box_cols bytes (rows of box_cols bytes
     in shared memory); rows past `rows` and columns past `cols` read as zeros."""
-    problems = []
-    if ptr % 16:
-        problems.append(f"address {ptr:#x} is not 16-byte aligned")
-    if cols % 16:
-        problems.append(f"row of {cols} bytes is not a multiple of 16 bytes")
-    if not (0 < rows < 2**32 and 0 < cols < 2**32):
-        problems.append(f"dims {rows} x {cols} out of range")
+    problems = _matrix_problems(ptr, rows, cols, cols, f"{cols} bytes")
     if not (0 < box_rows <= 256 and 0 < box_cols <= 256 and box_cols % 16 == 0):
         problems.append(f"box {box_rows} x {box_cols} (rows <= 256, columns 16..256 by 16)")
     if problems:
         raise ShapeError("tensor map: " + "; ".join(problems))
     return _encode(_DTYPE_UINT8, ptr, rows, cols, cols, box_rows, box_cols, _SWIZZLE_NONE)
+
+
+def _matrix_problems(ptr: int, rows: int, cols: int, row_bytes: int, row: str) -> list[str]:
+    """What the driver would refuse of a [rows, cols] matrix with rows of row_bytes at ptr
+    (`row` names a row's size in the message)."""
+    problems = []
+    if ptr % 16:
+        problems.append(f"address {ptr:#x} is not 16-byte aligned")
+    if row_bytes % 16:
+        problems.append(f"row of {row} is not a multiple of 16 bytes")
+    if not (0 < rows < 2**32 and 0 < cols < 2**32):
+        problems.append(f"dims {rows} x {cols} out of range")
+    return problems
 
 
 def _encode(

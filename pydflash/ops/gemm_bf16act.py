@@ -16,7 +16,7 @@ import numpy as np
 from .. import tensormap
 from ..errors import DeviceError, ShapeError
 from ..kernels import Family
-from .linear_split import CHUNK, checked_row_stride, row_stride, split_k_plan
+from .linear_split import CHUNK, checked_row_stride, row_stride, split_k_plan, split_problems
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -259,21 +259,12 @@ def project_split(
     if tile is None:
         tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, 1)
     rows = split_stride // n if n else 0
-    if split_stride < m * n or split_stride % max(n, 1):
-        raise ShapeError(
-            f"split_stride {split_stride}: must be a multiple of {n} floats and hold {m} rows "
-            "(the partials would overlap)"
-        )
+    stride_problem, out_problem = split_problems(n, m, split_stride, out)
+    if stride_problem:
+        raise ShapeError(stride_problem)
     ldx = _check(rt, w, x, m, "store", 1, scratch, (rows + m) * k, tile)
-    if (
-        getattr(out, "dtype", None) != np.float32
-        or not out.flags.c_contiguous
-        or out.size < split_stride + m * n
-    ):
-        raise ShapeError(
-            f"out: expected a contiguous float32 device array of >= {split_stride + m * n} "
-            f"elements (two partials of {m} x {n}, {split_stride} apart)"
-        )
+    if out_problem:
+        raise ShapeError(out_problem)
     if m == 0:
         return
     hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]

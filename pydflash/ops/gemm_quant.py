@@ -19,7 +19,7 @@ from .. import tensormap
 from ..errors import DeviceError, ShapeError
 from ..kernels import Family
 from . import gemm_bf16act
-from .linear_split import checked_row_stride
+from .linear_split import checked_row_stride, split_problems
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
@@ -104,19 +104,7 @@ def project_split(
     if k % BLOCK_K:
         problems.append(f"w: in_features {k} must be a multiple of {BLOCK_K}")
     rows = split_stride // n if n else 0
-    if split_stride < m * n or split_stride % max(n, 1):
-        problems.append(
-            f"split_stride {split_stride}: must be a multiple of {n} floats and hold {m} rows"
-        )
-    if (
-        getattr(out, "dtype", None) != np.float32
-        or not out.flags.c_contiguous
-        or out.size < split_stride + m * n
-    ):
-        problems.append(
-            f"out: expected a contiguous float32 device array of >= {split_stride + m * n} "
-            f"elements (two partials of {m} x {n}, {split_stride} apart)"
-        )
+    problems += [p for p in split_problems(n, m, split_stride, out) if p]
     if (
         getattr(scratch, "dtype", None) != np.uint16
         or scratch.size < (rows + m) * k

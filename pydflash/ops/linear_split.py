@@ -1,6 +1,7 @@
 """What both decode linears (linear.cu via ops.linear, linear_v3.cu via ops.linear_v3) share
 and no kernel: the 32-chunk K walk, the split-K plan, the epilogue names, the weight protocol
-the launchers read and the row-stride check of the GEMMs' operands. (Its own module so that
+the launchers read, the row-stride check of the GEMMs' operands and the two-partial layout check of
+the hi/lo projections. (Its own module so that
 linear can dispatch to linear_v3, and gemm to gemm_bf16act, without an import cycle.)"""
 
 from __future__ import annotations
@@ -75,3 +76,25 @@ def checked_row_stride(a: Any, name: str, rows: int, cols: int) -> int:
     if a.strides[1] != 4 or a.strides[0] % 4:
         raise ShapeError(f"{name}: columns must be contiguous (strides {a.strides})")
     return a.strides[0] // 4
+
+
+def split_problems(n: int, m: int, split_stride: int, out: Any) -> tuple[str, str]:
+    """(split_stride's problem, out's problem), "" for none, of two partials of m x n floats
+    split_stride apart in out (gemm_bf16act.project_split's and gemm_quant's layout)."""
+    stride = ""
+    if split_stride < m * n or split_stride % max(n, 1):
+        stride = (
+            f"split_stride {split_stride}: must be a multiple of {n} floats and hold {m} rows "
+            "(the partials would overlap)"
+        )
+    out_problem = ""
+    if (
+        getattr(out, "dtype", None) != np.float32
+        or not out.flags.c_contiguous
+        or out.size < split_stride + m * n
+    ):
+        out_problem = (
+            f"out: expected a contiguous float32 device array of >= {split_stride + m * n} "
+            f"elements (two partials of {m} x {n}, {split_stride} apart)"
+        )
+    return stride, out_problem

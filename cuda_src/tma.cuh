@@ -1,0 +1,60 @@
+// Hopper's tensor memory accelerator (TMA) and mbarriers for the warp-specialised sm_90a tiles
+// (gemm_bf16act_tma.cu, gemm_quant_tma.cu): the TensorMap kernel parameter, mbarrier init /
+// arrive / expect-tx / parity wait, and one 2-D box copy completing on a barrier. Compiled to
+// nothing off sm_90a (WG_ENABLED, wgmma.cuh).
+#pragma once
+#include "wgmma.cuh"
+
+// CUtensorMap: 128 opaque bytes, 64-byte aligned (cuda.h is not on NVRTC's include path)
+struct __align__(64) TensorMap {
+    unsigned long long words[16];
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+#if WG_ENABLED
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// The producer's arrival on a "full" barrier, announcing the bytes its copies will deliver.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+#if WG_ENABLED
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+#if WG_ENABLED
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// Blocks until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+#if WG_ENABLED
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+#endif
+}
+
+// One box of a 2-D tensor map (inner coordinate k, outer row) into shared memory at dst; the
+// bytes complete a transaction of barrier bar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, unsigned bar,
+                                            int k, int row) {
+#if WG_ENABLED
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(k), "r"(row)
+        : "memory");
+#endif
+}
