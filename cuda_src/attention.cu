@@ -884,7 +884,6 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_CW)
     out += blockIdx.y * seq_out;
     if (out_b != nullptr) out_b += blockIdx.y * seq_out;  // out's layout, bf16
     __shared__ float4 part[ATT_CW - 1][64];
-    __shared__ float l_sum;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long split_rows = (long long)n_head * n_q;
     const long long row = blockIdx.x;  // h * n_q + i
@@ -922,15 +921,12 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_CW)
             }
         }
     }
-    if (warp > 0) {
+    if (warp > 0) {  // every warp summed the same L: warp 0 keeps its own
 #pragma unroll
         for (int c = 0; c < 2; ++c) part[warp - 1][lane + 32 * c] = acc[c];
-    } else if (lane == 0) {
-        l_sum = L;
     }
     __syncthreads();
     if (warp > 0) return;
-    L = l_sum;
 #pragma unroll
     for (int w = 0; w < ATT_CW - 1; ++w) {
 #pragma unroll

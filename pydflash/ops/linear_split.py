@@ -1,8 +1,8 @@
 """What both decode linears (linear.cu via ops.linear, linear_v3.cu via ops.linear_v3) share
 and no kernel: the 32-chunk K walk, the split-K plan, the epilogue names, the weight protocol
-the launchers read, the row-stride check of the GEMMs' operands and the two-partial layout check of
-the hi/lo projections. (Its own module so that
-linear can dispatch to linear_v3, and gemm to gemm_bf16act, without an import cycle.)"""
+the launchers read, the row-stride check of the GEMMs' operands and the two-partial layout
+check of the hi/lo projections. (Its own module so that linear can dispatch to linear_v3, and
+gemm to gemm_bf16act, without an import cycle.)"""
 
 from __future__ import annotations
 
