@@ -2,7 +2,7 @@
 
     python tools/bench_round.py [--preset qwen3-8b-b16 | --ckpt DIR] [--precision bf16 q8_0]
                                 [--ctx 4096] [--rounds 200] [--propose] [--batch 1 4 16 64]
-                                [--host-profile] [--quant-ingest]
+                                [--host-profile] [--gemm-cu-ingest]
 
 For each precision: forward_round at ctx (on the drafter's default KV: bf16 K/V but for f32,
 sliding layers in rings), ingest_ctx of 1 and of 4096 rows, draft_tokens with a synthetic bf16
@@ -419,10 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         "their own time",
     )
     ap.add_argument(
-        "--quant-ingest",
+        "--gemm-cu-ingest",
         action="store_true",
-        help="q8_0 / q4_0 ingest through sm_90's TMA tile (gemm_quant, off by default until "
-        "measured) instead of gemm.cu",
+        help="q8_0 / q4_0 ingest through gemm.cu instead of sm_90's TMA tile (gemm_quant)",
     )
     ap.add_argument(
         "--tile",
@@ -436,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pydflash.ops import gemm_bf16act, gemm_quant
 
-    gemm_quant.ENABLED = args.quant_ingest
+    gemm_quant.ENABLED = not args.gemm_cu_ingest
     if args.tile:
         if args.tile not in gemm_bf16act.ALL_TILES:
             ap.error(f"--tile: one of {sorted(gemm_bf16act.ALL_TILES)}")
