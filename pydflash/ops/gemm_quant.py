@@ -119,7 +119,7 @@ def project_split(
         problems.append(f"gemm_quant: {rows + m} x {n} outputs exceed one launch's grid")
     if problems:
         raise ShapeError("; ".join(problems))
-    if getattr(rt, "arch", None) != "sm_90" or not gemm_bf16act.tma_usable(rt):
+    if not gemm_bf16act.tma_usable(rt):  # sm_90 with the driver's tensor maps
         raise DeviceError("gemm_quant: runs on sm_90 with tensor maps only")
     if smem_bytes(w.fmt) > rt.smem_per_block:
         raise DeviceError(
@@ -131,8 +131,8 @@ def project_split(
     hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
     gemm_bf16act.launch_prepass(rt, gemm_bf16act.SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
     total = rows + m
-    quant_cols = k if w.fmt == "q8_0" else k // 2  # bytes of a row of quants
-    box_cols = BLOCK_K if w.fmt == "q8_0" else BLOCK_K // 2
+    box_cols = tile_bytes(w.fmt) // BLOCK_N  # quant bytes of a row a K tile
+    quant_cols = k // BLOCK_K * box_cols  # bytes of a row of quants
     rt.launch(
         KERNELS[w.fmt],
         (-(-n // BLOCK_N), -(-total // BLOCK_R)),
