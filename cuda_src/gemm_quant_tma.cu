@@ -11,8 +11,9 @@
 // 128B swizzle, the layout gemm_bf16act_tma reads its weights in). A block: 128 weight rows
 // (two consumer warpgroups of 64) x 128 rows of Xb, K tiles of 64 (two GGML blocks).
 // - one producer thread streams each K tile's Xb box (128 x 64 bf16) and quant box (128 rows x
-//   64 int8, or 32 bytes of q4_0 nibbles) by cp.async.bulk.tensor into a 4-deep ring (STAGES) on
-//   full / empty mbarriers (rows past the ends zero-filled by the copy engine);
+//   64 int8, or 32 bytes of q4_0 nibbles; swizzled across the row, qt_swizzle) by
+//   cp.async.bulk.tensor into a 4-deep ring (STAGES) on full / empty mbarriers (rows past the
+//   ends zero-filled by the copy engine);
 // - per GGML block a consumer warpgroup issues two wgmma.m64n128k16 into a fresh accumulator,
 //   waits for them, and adds d * that block's sums to its accumulator (the scales of its
 //   thread's two rows read from global memory beside the MMAs).
@@ -65,37 +66,66 @@ __device__ __forceinline__ void qt_fence_a(unsigned (&a)[4]) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
-// Two quants (signed integers in [-128, 127]) -> one register of two bf16 (exact): `lo` in bits
-// 0..15, the A fragment's lower k.
-__device__ __forceinline__ unsigned qt_pair(int lo, int hi) {
-    return pack_bf16x2((float)lo, (float)hi);
+// The swizzle of u8_rows' copy (64-byte q8_0 rows / 32-byte q4_0 rows; the stage's quant tile
+// 1024-byte aligned): byte L of the tile lands at L ^ (((L >> 7) & (span / 16 - 1)) << 4), its
+// 16-byte chunk XORed with bits of its 128-byte line. For a row `row` that key depends on the
+// row alone (and is the same for rows ra and ra + 8): qt_row_key(row) is XORed into the chunk
+// offsets of the row's bytes. Swizzled, the 8 rows g of a warp's fragment loads meet 8 bank
+// groups (unswizzled, q8_0 rows 64 bytes apart put 4 rows on each bank).
+template <int FMT>
+__device__ __forceinline__ int qt_row_key(int row) {
+    return FMT == QT_FMT_Q8_0 ? ((row >> 1) & 3) << 4 : ((row >> 2) & 1) << 4;
 }
 
-// This thread's A fragment of k16 step `ks` (0..3) of the tile from the quant tile `wt` (row
-// stride ROW bytes, unswizzled): rows ra = g and rb = g + 8 of its warp's 16, k = 16 ks + 2t,
-// + 1 (registers 0, 1) and 16 ks + 2t + 8, + 9 (registers 2, 3).
+// Two signed bytes (the low 16 bits of u: k, then k + 1) -> one register of two exact bf16, the
+// lower k in bits 0..15, without int -> float conversions (a quarter-rate pipe): each biased
+// byte (v + 128) becomes the float 2^23 + v + 128, the bias goes in one exact FADD, and an
+// integer |v| <= 128 is exact in bf16, so the float's upper half is its bf16.
+__device__ __forceinline__ unsigned qt_q8_pair(unsigned u) {
+    const unsigned biased = u ^ 0x8080u;
+    const float f0 = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7650)) - 8388736.f;
+    const float f1 = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7651)) - 8388736.f;
+    return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);
+}
+
+// Two nibbles at bits 0..3 and 16..19 of n (the rest zero) -> two exact bf16 (nibble - 8): the
+// bf16 0x4300 | n is 128 + n, and one bf16x2 FMA (x 1, - 136) takes the bias off exactly.
+__device__ __forceinline__ unsigned qt_q4_pair(unsigned n) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+        : "=r"(r)
+        : "r"(n | 0x43004300u), "r"(0x3F803F80u), "r"(0xC308C308u));
+    return r;
+}
+
+// This thread's A fragments of the tile's GGML block `half` from the quant tile `wt`: a0 of
+// k16 step 2 half, a1 of step 2 half + 1. Rows ra = g and ra + 8 of its warp's 16; registers
+// 0, 1 hold k = 2t, 2t + 1 of the step and 2, 3 hold k = 2t + 8, 2t + 9 (mma.m16n8k16's A).
+// Each pair is one 16-bit load: q8_0 bytes k, k + 1; q4_0 bytes 2t (+ 8) and the next of the
+// block, whose low nibbles are elements 2t, 2t + 1 (a0) and high nibbles 2t + 16, 2t + 17 (a1).
+// row_a = wt + ra * ROW + 2t (row ra's bytes from 2t), key = qt_row_key(ra).
 template <int FMT>
-__device__ __forceinline__ void qt_a_fragment(unsigned (&a)[4], const unsigned char* wt, int ra,
-                                              int ks, int t) {
+__device__ __forceinline__ void qt_a_pair(unsigned (&a0)[4], unsigned (&a1)[4],
+                                          const unsigned char* row_a, int key, int half) {
     constexpr int ROW = FMT == QT_FMT_Q8_0 ? QT_BK : QT_BK / 2;
+    constexpr int BLOCK = FMT == QT_FMT_Q8_0 ? 32 : 16;  // bytes of one GGML block in a row
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // h = 0: k 2t, 2t + 1; h = 1: k 2t + 8, 2t + 9
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {  // rows ra, ra + 8
-            const unsigned char* row = wt + (ra + 8 * rr) * ROW;
-            int v0, v1;
-            if (FMT == QT_FMT_Q8_0) {
-                const int k = 16 * ks + 2 * t + 8 * h;
-                v0 = (int)(signed char)row[k];
-                v1 = (int)(signed char)row[k + 1];
-            } else {  // block ks / 2, elements e = 16 (ks % 2) + 2t + 8h: byte e % 16 of the
-                      // block, its low nibble for e < 16, its high one above
-                const int byte = 16 * (ks >> 1) + 2 * t + 8 * h;
-                const int shift = (ks & 1) ? 4 : 0;
-                v0 = (int)((row[byte] >> shift) & 0xF) - 8;
-                v1 = (int)((row[byte + 1] >> shift) & 0xF) - 8;
+            const unsigned char* p = row_a + 8 * rr * ROW + 8 * h;
+            if (FMT == QT_FMT_Q8_0) {  // chunks 2 half (a0) and 2 half + 1 (a1) of the row
+                const unsigned u0 = *reinterpret_cast<const unsigned short*>(p + ((BLOCK * half) ^ key));
+                const unsigned u1 =
+                    *reinterpret_cast<const unsigned short*>(p + ((BLOCK * half + 16) ^ key));
+                a0[2 * h + rr] = qt_q8_pair(u0);
+                a1[2 * h + rr] = qt_q8_pair(u1);
+            } else {  // chunk `half` of the row
+                const unsigned u = *reinterpret_cast<const unsigned short*>(p + ((BLOCK * half) ^ key));
+                const unsigned spread = __byte_perm(u, 0u, 0x4140);  // byte 1 -> byte 2
+                a0[2 * h + rr] = qt_q4_pair(spread & 0x000F000Fu);
+                a1[2 * h + rr] = qt_q4_pair((spread >> 4) & 0x000F000Fu);
             }
-            a[2 * h + rr] = qt_pair(v0, v1);
         }
     }
 }
@@ -145,6 +175,8 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     const int cw = tid >> 7;  // the consumer warpgroup: weight rows 64 cw..
     const int lane = tid & 31, wq = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int ra = cw * 64 + wq * 16 + g;  // this thread's rows ra and ra + 8 of the block
+    const int row_off = ra * (FMT == QT_FMT_Q8_0 ? QT_BK : QT_BK / 2) + 2 * t;
+    const int key = qt_row_key<FMT>(ra);
     const int na = n0 + ra, nb = na + 8;
     const f16_bits* sa = scales + (long long)min(na, N - 1) * lds;
     const f16_bits* sb = scales + (long long)min(nb, N - 1) * lds;
@@ -165,8 +197,7 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
 #pragma unroll
         for (int half = 0; half < 2; ++half) {  // the tile's two GGML blocks
             unsigned a0[4], a1[4];
-            qt_a_fragment<FMT>(a0, wt, ra, 2 * half, t);
-            qt_a_fragment<FMT>(a1, wt, ra, 2 * half + 1, t);
+            qt_a_pair<FMT>(a0, a1, wt + row_off, key, half);
             qt_fence_a(a0);
             qt_fence_a(a1);
             wg_fence_operands(blk);

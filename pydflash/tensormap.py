@@ -17,6 +17,8 @@ _DTYPE_UINT8 = 0
 _DTYPE_BFLOAT16 = 9
 _INTERLEAVE_NONE = 0
 _SWIZZLE_NONE = 0
+_SWIZZLE_32B = 1
+_SWIZZLE_64B = 2
 _SWIZZLE_128B = 3
 _L2_PROMOTION_256B = 3
 _OOB_FILL_ZEROS = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: elements out of bounds read as zeros
@@ -72,14 +74,26 @@ def bf16_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int = 64)
 @functools.lru_cache(maxsize=4096)
 def u8_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> TensorMap:
     """The map of a row-major byte matrix [rows, cols] (contiguous rows: quants) at device
-    address ptr, copied unswizzled in boxes of box_rows x box_cols bytes (rows of box_cols bytes
-    in shared memory); rows past `rows` and columns past `cols` read as zeros."""
+    address ptr, copied in boxes of box_rows x box_cols bytes (rows of box_cols bytes in shared
+    memory); rows past `rows` and columns past `cols` read as zeros. Boxes 32 or 64 bytes wide
+    are swizzled across that span (box_swizzle: the 16-byte chunk c of the byte at box offset L
+    lands at chunk c ^ ((L >> 7) & (span / 16 - 1))), so that the 8 rows of an MMA fragment's
+    loads meet 8 different bank groups; other widths are copied unswizzled."""
     problems = _matrix_problems(ptr, rows, cols, cols, f"{cols} bytes")
     if not (0 < box_rows <= 256 and 0 < box_cols <= 256 and box_cols % 16 == 0):
         problems.append(f"box {box_rows} x {box_cols} (rows <= 256, columns 16..256 by 16)")
     if problems:
         raise ShapeError("tensor map: " + "; ".join(problems))
-    return _encode(_DTYPE_UINT8, ptr, rows, cols, cols, box_rows, box_cols, _SWIZZLE_NONE)
+    swizzle = {32: _SWIZZLE_32B, 64: _SWIZZLE_64B}.get(box_cols, _SWIZZLE_NONE)
+    return _encode(_DTYPE_UINT8, ptr, rows, cols, cols, box_rows, box_cols, swizzle)
+
+
+def box_swizzle(offset: int, box_cols: int) -> int:
+    """Where u8_rows' copy puts byte `offset` (row-major, rows of box_cols bytes) of a box in
+    shared memory (its destination aligned to 1024 bytes): the host-side model of the swizzle
+    the kernels undo (gemm_quant_tma.cu qt_swizzle)."""
+    mask = {32: 1, 64: 3}.get(box_cols, 0)
+    return offset ^ (((offset >> 7) & mask) << 4)
 
 
 def _matrix_problems(ptr: int, rows: int, cols: int, row_bytes: int, row: str) -> list[str]:
