@@ -101,11 +101,7 @@ class DflashDraft(BatchApi):
     @property
     def weight_bytes(self) -> int:
         """Bytes of the layer weights one forward_round reads (fc is read by ingest only)."""
-        return sum(
-            t.nbytes
-            for layer in self.layers
-            for t in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        )
+        return sum(t.nbytes for la in self.layers for t in (la.qkv, la.o, la.gate_up, la.down))
 
     def reference_weights(self) -> dict[str, np.ndarray]:
         """Host float32 copies of every device weight, un-fused, under checkpoint names."""
@@ -171,8 +167,7 @@ class DflashDraft(BatchApi):
             feats = checks.f32_rows(e, ctx_f, "ctx_f", checks.count(ctx, "ctx"), c.hidden)
             checks.f32_rows(e, noise_emb, "noise_emb", c.block_size, c.hidden)
             checks.check_len(pos, "pos", ctx + c.block_size)
-            # rings where the positions allow them (the kernels of ingest + round on a KV of
-            # rings), else every row
+            # rings where the positions allow them (ingest + round on a KV of rings), else not
             kv = self.new_kv(e, ctx, rings=positions_ringable(pos, ctx))
             self.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
             return self._round(e, kv, noise_emb, pos[ctx:], None, capture=False)
@@ -198,14 +193,17 @@ class DflashDraft(BatchApi):
             # else the decode linear's split-K partials, INGEST_CHUNK rows a launch
             kvs: list = [la.kv for la in self.layers]
             plan = gemm.ingest_plan(e, kvs, t, buf.kv_part, buf.ks_kv, buf.kv_xb)
-            big, ks, stride = plan.big, plan.ks, plan.stride
+            big, ks, stride, xb = plan.big, plan.ks, plan.stride, plan.xb
+            holds = None  # the layers of a chunk share one hi / lo split of its rows in xb
             for r0 in range(0, t, plan.chunk):
                 m, row = min(plan.chunk, t - r0), start + r0
                 for li, layer in enumerate(self.layers):
                     if row + m <= keep[li]:
                         continue  # every row of this chunk is overwritten later in the ring
                     x = f[r0 : r0 + m]
-                    gemm.project_rows(e, layer.kv, x, m, buf.kv_part, big, ks, stride, plan.xb)
+                    holds = gemm.project_rows(
+                        e, layer.kv, x, m, buf.kv_part, big, ks, stride, xb, holds
+                    )
                     qkv_rope.qkv_norm_rope(
                         e,
                         buf.kv_part,

@@ -176,17 +176,28 @@ def project_rows(
     ksplit: int,
     split_stride: int,
     xb: Any = None,
-) -> None:
+    xb_holds: tuple | None = None,
+) -> tuple | None:
     """The projection of m rows on the path their call takes (`big` = use_gemm): the GEMM,
     one partial over the start of `part` (rows of w.out_features, n_split = 1 for the
-    consumer) or, given the bf16 scratch xb, gemm_bf16act's hi and lo partials split_stride
-    apart (n_split = 2); or linear.project's `ksplit` partials split_stride apart."""
-    if big and xb is not None and w.fmt in gemm_quant.FORMATS:
-        gemm_quant.project_split(rt, w, x, m, part, split_stride, scratch=xb)
-    elif big and xb is not None:  # one tile for every row count: a row's bits never depend on m
+    consumer) or, given the bf16 scratch xb, gemm_bf16act's / gemm_quant's hi and lo partials
+    split_stride apart (n_split = 2); or linear.project's `ksplit` partials split_stride apart.
+    Returns what xb holds after the call (which rows' hi / lo split, where), None if unused:
+    a caller that passes it back as xb_holds for the same rows (every layer of an ingest
+    chunk) skips the split prepass, which reads x and writes xb anew each time otherwise."""
+    if not (big and xb is not None):
+        if big:
+            matmul(rt, w, x, m, part.reshape(-1, w.out_features))
+        else:
+            linear.project(rt, w, x, m, part, ksplit=ksplit, split_stride=split_stride)
+        return None
+    holds = (x.data.ptr, x.strides[0], m, split_stride // w.out_features, xb.data.ptr)
+    split = holds != xb_holds
+    if w.fmt in gemm_quant.FORMATS:
+        gemm_quant.project_split(rt, w, x, m, part, split_stride, scratch=xb, split=split)
+    else:  # one tile for every row count: a row's bits never depend on m
         tile = gemm_bf16act.resolve_tile(rt, gemm_bf16act.SM90_TILE, w.in_features, 1)
-        gemm_bf16act.project_split(rt, w, x, m, part, split_stride, scratch=xb, tile=tile)
-    elif big:
-        matmul(rt, w, x, m, part.reshape(-1, w.out_features))
-    else:
-        linear.project(rt, w, x, m, part, ksplit=ksplit, split_stride=split_stride)
+        gemm_bf16act.project_split(
+            rt, w, x, m, part, split_stride, scratch=xb, tile=tile, split=split
+        )
+    return holds

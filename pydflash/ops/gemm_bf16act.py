@@ -244,6 +244,7 @@ def project_split(
     *,
     scratch: Any,
     tile: str | None = None,
+    split: bool = True,
 ) -> None:
     """Two partials the consumer adds: out = hi(x[:m]) . w^T and out + split_stride floats =
     lo(x[:m]) . w^T, where x = hi + lo (split_bf16: the exact paths' activation split, ~16
@@ -254,7 +255,8 @@ def project_split(
     scratch (computed from whatever the scratch holds there, never read by the consumer).
     x: float32 [>= m, K] rows (row stride a multiple of 4 floats); out: contiguous float32 of
     >= split_stride + m * N elements; split_stride a multiple of N, >= m * N; scratch: uint16,
-    >= (P + m) * K elements (16-byte aligned)."""
+    >= (P + m) * K elements (16-byte aligned). split=False: the scratch already holds x's
+    hi / lo rows there (a previous call's prepass; gemm.project_rows tracks it), none is run."""
     n, k = w.out_features, w.in_features
     if tile is None:
         tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, 1)
@@ -268,7 +270,8 @@ def project_split(
     if m == 0:
         return
     hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
-    launch_prepass(rt, SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
+    if split:
+        launch_prepass(rt, SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
     _launch_gemm(rt, w, scratch, rows + m, out.reshape(-1), "store", 1, 0, tile)
 
 

@@ -77,8 +77,10 @@ def project_split(
     split_stride: int,
     *,
     scratch: Any,
+    split: bool = True,
 ) -> None:
-    """gemm_bf16act.project_split's contract for q8_0 / q4_0 weights: out = hi(x[:m]) . w^T
+    """gemm_bf16act.project_split's contract for q8_0 / q4_0 weights (split=False: the scratch
+    already holds x's split, as gemm.project_rows tracks): out = hi(x[:m]) . w^T
     and out + split_stride floats = lo(x[:m]) . w^T (the consumer adds them), one launch over
     P + m rows of the bf16 scratch, P = split_stride / N (the hi rows at [0, m), the lo rows at
     [P, P + m); rows [m, P) of the first partial are computed from whatever the scratch holds
@@ -129,7 +131,8 @@ def project_split(
     if m == 0:
         return
     hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
-    gemm_bf16act.launch_prepass(rt, gemm_bf16act.SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
+    if split:
+        gemm_bf16act.launch_prepass(rt, gemm_bf16act.SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
     total = rows + m
     box_cols = tile_bytes(w.fmt) // BLOCK_N  # quant bytes of a row a K tile
     quant_cols = k // BLOCK_K * box_cols  # bytes of a row of quants
