@@ -142,3 +142,36 @@ def test_bench_round_host_profile_ranks_host_functions_by_own_time(capsys):
     assert "time.sleep" in out[1]  # the largest own time first
     fast = next(line for line in out[1:] if "fast_part" in line)
     assert fast.split("calls")[-1].strip() == "2.0"  # calls per profiled call
+
+
+def test_profile_round_summarizes_ncu_raw_csv():
+    """profile_round.summarize on ncu's raw CSV (its notes, a header, a units row, a row a
+    kernel, in whatever units ncu printed): per-kernel time, DRAM bytes and the ratio to those
+    bytes at the bandwidth, slowest first, and the sum; hand-derived figures."""
+    from tools import profile_round
+
+    header = '"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum",'
+    header += '"dram__bytes_write.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed",'
+    header += '"launch__grid_size"'
+    text = "\n".join(
+        [
+            "==PROF== Connected to process 1",
+            header,
+            '"","","usecond","Mbyte","Kbyte","%",""',
+            '"0","linear_v3(float*, int)","10.5","42","0","80","132"',
+            '"1","attn_combine(float*)","2","1","500","10","256"',
+            '"2","linear_v3(float*, int)","9.5","42","0","60","132"',
+        ]
+    )
+    lines = profile_round.summarize(text, bandwidth=4.2e12)
+    linear, combine, total = lines[1].split(), lines[2].split(), lines[3].split()
+    assert linear[:4] == ["linear_v3", "2", "20.0", "90.9"]
+    assert float(linear[4]) == 84.0  # MB
+    assert float(linear[5]) == 4200  # GB/s: 84e6 bytes in 20 us
+    assert float(linear[6]) == 1.0  # at its own floor
+    assert float(linear[7]) == 70.5  # time-weighted SM %: (80 x 10.5 + 60 x 9.5) / 20
+    assert combine[:4] == ["attn_combine", "1", "2.0", "9.1"]
+    assert float(combine[4]) == 1.5
+    assert abs(float(combine[6]) - 2.0 / (1.5e6 / 4.2e12 * 1e6)) < 0.01
+    assert total[:3] == ["sum", "3", "22.0"]
+    assert profile_round.summarize("==PROF== nothing", 4.2e12) == ["no kernel rows in ncu's output"]

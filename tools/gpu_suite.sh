@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU suite and the benchmarks, from the repository root on the device machine:
-#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long]  (default: all)
+#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|profile]
+#   (default: all)
 # tests:   the test suite, CPU and GPU (about 2 min on an H200)
 # scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
 #          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step), in
@@ -11,6 +12,9 @@
 # batch:   bench_round --batch 1 .. 64 --profile (qwen3-8b bf16, ctx 4096; exact and bf16
 #          activations) and bench_kernels --batched (gemm_bf16act's tiles): batched rounds
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
+# profile: Nsight Compute's per-kernel time and DRAM bytes of one call (tools/profile_round.py)
+#          for issue 10's distances, and the stall reasons of the attention partial, the q4_0
+#          decode linear and the quantized ingest tile
 # Run the parts as separate device calls so each fits the 10-minute limit. Logs go to $OUT
 # (or ./gpu_logs); the summary lines print last.
 set -uo pipefail
@@ -78,6 +82,24 @@ fi
 if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in rings)
   run bench_qwen_long python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
   run bench_gemma_long python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
+fi
+if [ "$PART" = profile ]; then   # where each op's time goes (ncu: one kernel at a time)
+  METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size
+  NCU="ncu --clock-control none --profile-from-start off"
+  for spec in "qwen3-8b-b16 bf16 4096 round" "qwen3-8b-b16 q8_0 4096 round" \
+      "qwen3-8b-b16 q4_0 4096 round" "gemma4-31b bf16 4096 round" "qwen3-8b-b16 bf16 131072 round" \
+      "gemma4-31b bf16 131072 round" "qwen3-8b-b16 bf16 4096 propose" "qwen3-8b-b16 q8_0 4096 ingest"; do
+    read -r ck prec ctx op <<< "$spec"
+    name="prof_${ck}_${prec}_${ctx}_${op}"
+    $NCU --csv --page raw --print-units base --metrics "$METRICS" python3 tools/profile_round.py run \
+      --ckpt "$CKPT/$ck" --precision "$prec" --ctx "$ctx" --op "$op" > "$OUT/$name.csv" 2> "$OUT/$name.err" \
+      || { status=1; echo "FAILED: $name" | tee -a "$OUT/failed.log"; }
+    { echo "== $spec"; python3 tools/profile_round.py summarize "$OUT/$name.csv"; } | tee "$OUT/$name.txt"
+  done
+  SECTIONS="--section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
+  run ncu_attention $NCU $SECTIONS -k regex:attn_partial -c 1 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --ctx 4096 --op round
+  run ncu_linear_q4 $NCU $SECTIONS -k regex:linear -c 2 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --precision q4_0 --ctx 4096 --op round
+  run ncu_gemm_quant $NCU $SECTIONS -k regex:gemm_quant -c 1 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --precision q8_0 --ctx 4096 --op ingest
 fi
 
 echo "== summary ($PART)"
