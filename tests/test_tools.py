@@ -157,10 +157,10 @@ def test_profile_round_summarizes_ncu_raw_csv():
         [
             "==PROF== Connected to process 1",
             header,
-            '"","","usecond","Mbyte","Kbyte","%",""',
-            '"0","linear_v3(float*, int)","10.5","42","0","80","132"',
-            '"1","attn_combine(float*)","2","1","500","10","256"',
-            '"2","linear_v3(float*, int)","9.5","42","0","60","132"',
+            '"","","ns","Mbyte","Kbyte","%",""',
+            '"0","linear_v3(float*, int)","10,500","42","0","80","132"',
+            '"1","attn_combine(float*)","2,000","1","500","10","256"',
+            '"2","linear_v3(float*, int)","9,500","42","0","60","132"',
         ]
     )
     lines = profile_round.summarize(text, bandwidth=4.2e12)

@@ -81,6 +81,10 @@ def run(ckpt: Path, precision: str, ctx: int, op: str) -> None:
 
 
 _SCALE = {  # ncu's unit names -> microseconds / bytes
+    "ns": 1e-3,
+    "us": 1.0,
+    "ms": 1e3,
+    "s": 1e6,
     "nsecond": 1e-3,
     "usecond": 1.0,
     "msecond": 1e3,
