@@ -650,12 +650,12 @@ def _write(
 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("model*.safetensors")) + [out / "model.safetensors.index.json"]:
+    # config.json goes last: a reader that finds it (tools/gpu_suite.sh's shared presets, read
+    # by parallel pytest processes) finds the weights complete
+    stale = [out / "config.json", out / "model.safetensors.index.json"]
+    for old in list(out.glob("model*.safetensors")) + stale:
         if old.is_file():
             old.unlink()
-    with open(out / "config.json", "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
 
     meta = {"format": "pt"}
     if shards == 1:
@@ -680,6 +680,9 @@ def _write(
         with open(out / "model.safetensors.index.json", "w") as f:
             json.dump(index, f, indent=2)
             f.write("\n")
+    with open(out / "config.json", "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
     return out, len(entries), total
 
 
