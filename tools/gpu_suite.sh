@@ -2,7 +2,8 @@
 # The whole GPU suite and the benchmarks, from the repository root on the device machine:
 #   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|profile]
 #   (default: all)
-# tests:   the test suite, CPU and GPU (about 2 min on an H200)
+# tests:   the test suite, CPU and GPU, in TEST_SHARDS (3) parallel pytest processes
+# suite:   tests and scale at once (8 processes on the one GPU: both within one device call)
 # scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
 #          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step), in
 #          SCALE_SHARDS (5) parallel pytest processes
@@ -34,14 +35,23 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 python3 -c "import cupy, numpy; from cupy_backends.cuda.libs import nvrtc; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'nvrtc', nvrtc.getVersion())" >> "$OUT/device.log"
 
 PRESETS="qwen3-8b-b16 gemma4-31b gpt-oss-20b-b8 qwen3-4b-b16 qwen3.6-27b dspark-qwen3-8b-b7 dspark-qwen3-4b-b7 tiny tiny-swa tiny-dspark"
-for p in $PRESETS; do   # each preset written once, shared by the tests and load_check
-  [ -f "$CKPT/$p/config.json" ] || python3 tools/make_checkpoint.py "$CKPT/$p" --preset "$p" --seed 1 >> "$OUT/make_checkpoint.log" 2>&1
+for p in $PRESETS; do   # each preset written once (in parallel), shared by the tests and load_check
+  [ -f "$CKPT/$p/config.json" ] || python3 tools/make_checkpoint.py "$CKPT/$p" --preset "$p" --seed 1 > "$OUT/make_checkpoint_$p.log" 2>&1 &
 done
+wait
 
-if [ "$PART" = tests ] || [ "$PART" = all ]; then
-  run tests python3 -m pytest -q -rs -p no:cacheprovider tests --deselect tests/test_kernels_compile.py
+if [ "$PART" = tests ] || [ "$PART" = all ] || [ "$PART" = suite ]; then
+  # in TEST_SHARDS processes (test files dealt round-robin; tests.log the summary)
+  SHARDS=${TEST_SHARDS:-3}
+  ls tests/test_*.py | grep -v test_kernels_compile.py > "$OUT/test_files.txt"
+  for i in $(seq 1 "$SHARDS"); do
+    awk -v i="$i" -v n="$SHARDS" 'NR % n == i % n' "$OUT/test_files.txt" > "$OUT/test_files_$i.txt"
+    (xargs -a "$OUT/test_files_$i.txt" python3 -m pytest -q -rs -p no:cacheprovider \
+      > "$OUT/tests_$i.log" 2>&1 || echo "FAILED: tests shard $i" >> "$OUT/failed.log") &
+  done
+  if [ "$PART" != suite ]; then wait; [ -f "$OUT/failed.log" ] && status=1; fi  # suite: scale beside
 fi
-if [ "$PART" = scale ] || [ "$PART" = all ]; then
+if [ "$PART" = scale ] || [ "$PART" = all ] || [ "$PART" = suite ]; then
   # in SHARDS processes on the one GPU (one process takes over 10 minutes, a device call's
   # limit): the scale tests dealt round-robin, each shard's log scale_N.log, scale.log the sum
   SHARDS=${SCALE_SHARDS:-5}
@@ -103,7 +113,9 @@ if [ "$PART" = profile ]; then   # where each op's time goes (ncu: one kernel at
 fi
 
 echo "== summary ($PART)"
-[ -f "$OUT/tests.log" ] && echo "tests: $(tail -n 1 "$OUT/tests.log")"
+grep -h -E "^(FAILED|ERROR)" "$OUT"/tests_[0-9]*.log 2>/dev/null > "$OUT/tests.log"
+for f in "$OUT"/tests_[0-9]*.log; do [ -f "$f" ] && echo "tests $(basename "$f"): $(tail -n 1 "$f")"; done
+[ -s "$OUT/tests.log" ] && cat "$OUT/tests.log"
 [ -f "$OUT/scale.log" ] && grep -h "^shard" "$OUT/scale.log" | sed 's/^/scale /'
 [ -f "$OUT/scale.log" ] && grep -h -E "^SCALE" "$OUT/scale.log" | cut -c1-200 | head -20
 [ -f "$OUT/failed.log" ] && cat "$OUT/failed.log"
