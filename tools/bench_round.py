@@ -2,7 +2,7 @@
 
     python tools/bench_round.py [--preset qwen3-8b-b16 | --ckpt DIR] [--precision bf16 q8_0]
                                 [--ctx 4096] [--rounds 200] [--propose] [--batch 1 4 16 64]
-                                [--host-profile] [--gemm-cu-ingest]
+                                [--host-profile] [--gemm-cu-ingest] [--no-pdl]
 
 For each precision: forward_round at ctx (on the drafter's default KV: bf16 K/V but for f32,
 sliding layers in rings), ingest_ctx of 1 and of 4096 rows, draft_tokens with a synthetic bf16
@@ -424,6 +424,12 @@ def main(argv: list[str] | None = None) -> int:
         help="q8_0 / q4_0 ingest through gemm.cu instead of sm_90's TMA tile (gemm_quant)",
     )
     ap.add_argument(
+        "--no-pdl",
+        action="store_true",
+        help="launch without programmatic dependent launch (Runtime.use_pdl = False): what "
+        "PDL's overlap gains or costs",
+    )
+    ap.add_argument(
         "--tile",
         default=None,
         help="--batch: gemm_bf16act's tile above its small rows on sm_90 for this run "
@@ -444,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydflash import Engine
 
     e = Engine(0)
+    e.use_pdl = not args.no_pdl
     bw = copy_bandwidth(cp, e.stream)
     rate = tensor_rate(cp, e.stream)
     print(
