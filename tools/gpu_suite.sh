@@ -3,7 +3,8 @@
 #   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|profile]
 #   (default: all)
 # tests:   the test suite, CPU and GPU, in TEST_SHARDS (3) parallel pytest processes
-# suite:   tests and scale at once (8 processes on the one GPU: both within one device call)
+# suite:   tests and scale at once, within one device call (2 + 5 processes by default: with
+#          3 + 6 one scale process was killed for host memory on a 128 GiB machine)
 # scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
 #          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step), in
 #          SCALE_SHARDS (5) parallel pytest processes
@@ -42,7 +43,7 @@ wait
 
 if [ "$PART" = tests ] || [ "$PART" = all ] || [ "$PART" = suite ]; then
   # in TEST_SHARDS processes (test files dealt round-robin; tests.log the summary)
-  SHARDS=${TEST_SHARDS:-3}
+  SHARDS=${TEST_SHARDS:-$([ "$PART" = suite ] && echo 2 || echo 3)}
   ls tests/test_*.py | grep -v test_kernels_compile.py > "$OUT/test_files.txt"
   for i in $(seq 1 "$SHARDS"); do
     awk -v i="$i" -v n="$SHARDS" 'NR % n == i % n' "$OUT/test_files.txt" > "$OUT/test_files_$i.txt"
