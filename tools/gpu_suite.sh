@@ -107,7 +107,8 @@ if [ "$PART" = profile ]; then   # where each op's time goes (ncu: one kernel at
       || { status=1; echo "FAILED: $name" | tee -a "$OUT/failed.log"; }
     { echo "== $spec"; python3 tools/profile_round.py summarize "$OUT/$name.csv"; } | tee "$OUT/$name.txt"
   done
-  SECTIONS="--section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
+  # SourceCounters adds the PC sampling the WarpStateStats rules need for their stall reasons
+  SECTIONS="--section SpeedOfLight --section WarpStateStats --section SourceCounters --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats"
   run ncu_attention $NCU $SECTIONS -k regex:attn_partial -c 1 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --ctx 4096 --op round
   run ncu_linear_q4 $NCU $SECTIONS -k regex:linear -c 2 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --precision q4_0 --ctx 4096 --op round
   run ncu_gemm_quant $NCU $SECTIONS -k regex:gemm_quant -c 1 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --precision q8_0 --ctx 4096 --op ingest
