@@ -11,7 +11,7 @@
 // 128B swizzle, the layout gemm_bf16act_tma reads its weights in). A block: 128 weight rows
 // (two consumer warpgroups of 64) x 128 rows of Xb, K tiles of 64 (two GGML blocks).
 // - one producer thread streams each K tile's Xb box (128 x 64 bf16) and quant box (128 rows x
-//   64 int8, or 32 bytes of q4_0 nibbles; swizzled across the row, qt_swizzle) by
+//   64 int8, or 32 bytes of q4_0 nibbles; swizzled across the row, qt_row_key) by
 //   cp.async.bulk.tensor into a 4-deep ring (STAGES) on full / empty mbarriers (rows past the
 //   ends zero-filled by the copy engine);
 // - per GGML block a consumer warpgroup issues two wgmma.m64n128k16 into a fresh accumulator,

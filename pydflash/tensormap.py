@@ -91,7 +91,7 @@ def u8_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> Ten
 def box_swizzle(offset: int, box_cols: int) -> int:
     """Where u8_rows' copy puts byte `offset` (row-major, rows of box_cols bytes) of a box in
     shared memory (its destination aligned to 1024 bytes): the host-side model of the swizzle
-    the kernels undo (gemm_quant_tma.cu qt_swizzle)."""
+    the kernels undo (gemm_quant_tma.cu qt_row_key)."""
     mask = {32: 1, 64: 3}.get(box_cols, 0)
     return offset ^ (((offset >> 7) & mask) << 4)
 

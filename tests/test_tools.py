@@ -175,3 +175,22 @@ def test_profile_round_summarizes_ncu_raw_csv():
     assert abs(float(combine[6]) - 2.0 / (1.5e6 / 4.2e12 * 1e6)) < 0.01
     assert total[:3] == ["sum", "3", "22.0"]
     assert profile_round.summarize("==PROF== nothing", 4.2e12) == ["no kernel rows in ncu's output"]
+
+
+def test_profile_round_refuses_scaled_units_and_survives_zero_bytes():
+    """Units other than ncu's base ones are refused by name (the table would be silently off);
+    a call that moved no DRAM bytes still gets a table."""
+    import pytest
+
+    from tools import profile_round
+
+    header = '"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum",'
+    header += '"dram__bytes_write.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed",'
+    header += '"launch__grid_size"'
+    row = '"0","k(int)","3","0","0","5","1"'
+    with pytest.raises(ValueError, match="dram__bytes_read.sum: unit 'KB'"):
+        profile_round.summarize("\n".join([header, '"","","ns","KB","byte","%",""', row]), 4e12)
+    lines = profile_round.summarize(
+        "\n".join([header, '"","","us","byte","byte","%",""', row]), 4e12
+    )
+    assert lines[-2].split()[:3] == ["sum", "1", "3.0"] and "inf" in lines[-2]

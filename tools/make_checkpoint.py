@@ -21,6 +21,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import pathlib
 import reprlib
 import sys
@@ -680,9 +681,10 @@ def _write(
         with open(out / "model.safetensors.index.json", "w") as f:
             json.dump(index, f, indent=2)
             f.write("\n")
-    with open(out / "config.json", "w") as f:
+    with open(out / "config.json.tmp", "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
+    os.replace(out / "config.json.tmp", out / "config.json")  # whole or absent
     return out, len(entries), total
 
 

@@ -93,9 +93,6 @@ _SCALE = {  # ncu's unit names -> microseconds / bytes
     "Kbyte": 1e3,
     "Mbyte": 1e6,
     "Gbyte": 1e9,
-    "KB": 1024.0,
-    "MB": 1024.0**2,
-    "GB": 1024.0**3,
 }
 
 
@@ -116,6 +113,8 @@ def read_raw(text: str) -> list[dict[str, float | str]]:
         rec: dict[str, float | str] = {"name": row[header.index("Kernel Name")].split("(")[0]}
         for metric in METRICS:
             i = header.index(metric)
+            if units[i] and units[i] not in _SCALE and units[i] != "%":
+                raise ValueError(f"{metric}: unit {units[i]!r} (run ncu with --print-units base)")
             rec[metric] = float(row[i].replace(",", "")) * _SCALE.get(units[i], 1.0)
         out.append(rec)
     return out
@@ -153,7 +152,8 @@ def summarize(text: str, bandwidth: float) -> list[str]:
     floor_us = total_bytes / bandwidth * 1e6
     lines.append(
         f"{'sum':40s} {len(rows):3d} {total_us:8.1f} {100.0:5.1f} {total_bytes / 1e6:8.2f} "
-        f"{total_bytes / total_us / 1e3:7.0f} {total_us / floor_us:11.2f}"
+        f"{total_bytes / total_us / 1e3 if total_us else 0:7.0f} "
+        f"{total_us / floor_us if floor_us else float('inf'):11.2f}"
     )
     lines.append(
         f"(one kernel at a time, caches flushed; DRAM bytes at {bandwidth / 1e12:.2f} TB/s "
