@@ -76,7 +76,7 @@ struct Ring3 {
     static constexpr int WG = ROWS * GPR / 32;  // weight granules a lane copies per stage
     static constexpr int SG = ROWS / 32;        // scale words a lane copies per stage
     static constexpr int AG = NT * 2;           // activation granules a lane copies per stage
-    static_assert(MT == 2 || MT == 4, "2 or 4 m-tiles a warp");
+    static_assert(MT == 2 || MT == 4 || MT == 8, "2, 4 or 8 m-tiles a warp");
     static_assert(W_BYTES % 16 == 0 && SC_BYTES % 16 == 0 && A_BYTES % 16 == 0, "16B stages");
 };
 

@@ -114,3 +114,14 @@ def test_compile_error_names_file_and_log(tmp_path, monkeypatch):
         kernels.compile_for_arch("broken", "sm_90")
     msg = str(info.value)
     assert "broken.cu" in msg and "undefined_thing" in msg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_linear_v3_eight_row_tiles_compile(arch):
+    """bench_linear's `v3 mt8q` Config (128 rows a warp for the quants) builds on every target."""
+    from pydflash.ops import linear_v3
+
+    fam = linear_v3.kernels_for(linear_v3.Config(mt=(4, 8, 8))).family
+    cubin = kernels.compile_for_arch("linear_v3", arch, fam.options)
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000

@@ -563,6 +563,21 @@ def test_stale_ring_and_two_row_tile_config(rng):
         np.testing.assert_array_equal(got[0], ref)
 
 
+def test_eight_row_tile_config(rng):
+    """m-tiles 8 (128 rows a warp, bench_linear's `v3 mt8q`): exact integer products, rows past
+    N in the last warp, and the sample epilogue's four 32-row blocks a warp."""
+    cfg = linear_v3.Config(mt=(8, 8, 8))
+    for fmt in FORMATS:
+        _, ref, got, _, _ = emulate(rng, fmt, 200, 128, 16, integer=True, cfg=cfg, ksplit=1)
+        np.testing.assert_array_equal(got[0], ref)
+        _, ref, _, _, parts = emulate(rng, fmt, 150, 64, 5, "sample", cfg=cfg)
+        assert set(parts) == {(b, t) for b in range(-(-150 // 32)) for t in range(5)}
+        for (b, t), (_, idx) in parts.items():
+            block = ref[t, b * 32 : (b + 1) * 32]
+            assert b * 32 <= idx < b * 32 + block.size
+            assert ref[t, idx] >= block.max() - 1e-5 * np.abs(ref).max()
+
+
 def test_stage_bytes_match_the_kernel_constants():
     from pydflash import kernels
 

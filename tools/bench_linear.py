@@ -22,6 +22,9 @@ Variants (--variants adds all but the first of each kernel):
                     warps read the same activation chunks at once (L1 hits through .ca)
   v3 S-min / S+1    ring stages (2, 2, 2) / one more than the default per format
   v3 mt2            32 rows a warp (2 m-tiles) in every format
+  v3 mt8q           128 rows a warp (8 m-tiles) for q8_0 / q4_0: twice the weight bytes a
+                    stage beside the same activations (the quant linears are latency-bound
+                    on the weight bytes an SM keeps in flight, PERF.md seventh session)
   v3 act-cg         activations copied through L2 only (cp.async.cg) instead of L1 (.ca)
   v3 w4             blocks of at most 4 warps (slices), more blocks an SM
 """
@@ -76,6 +79,7 @@ def variants(kernels: list[str], extra: bool) -> list[Variant]:
                 Variant("v3 S-min", "v3", cfg=dataclasses.replace(d, stages=(2, 2, 2))),
                 Variant("v3 S+1", "v3", cfg=dataclasses.replace(d, stages=plus)),
                 Variant("v3 mt2", "v3", cfg=dataclasses.replace(d, mt=(2, 2, 2))),
+                Variant("v3 mt8q", "v3", cfg=dataclasses.replace(d, mt=(d.mt[0], 8, 8))),
                 Variant("v3 act-cg", "v3", cfg=dataclasses.replace(d, act_cache=1)),
                 Variant("v3 w4", "v3", cfg=dataclasses.replace(d, max_warps=4)),
             ]

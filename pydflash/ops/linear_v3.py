@@ -47,7 +47,7 @@ MAX_BLOCKS_PER_SM = 32  # resident blocks an SM (sm_80 .. sm_120)
 class Config:
     """Compile-time choices of one linear_v3 module (per format: bf16, q8_0, q4_0)."""
 
-    mt: tuple[int, int, int] = (4, 4, 4)  # m-tiles of 16 rows a warp (2 or 4)
+    mt: tuple[int, int, int] = (4, 4, 4)  # m-tiles of 16 rows a warp (2, 4 or 8)
     # ring stages a warp (2 .. 8): bf16 3, q8_0 / q4_0 2, the fastest measured on an H200
     # (PERF.md "linear_v3": bench_linear --variants, S-min / S+1)
     stages: tuple[int, int, int] = (3, 2, 2)
@@ -101,8 +101,8 @@ class Kernels:
 @functools.cache
 def kernels_for(cfg: Config) -> Kernels:
     """The family (module linear_v3, the Config's -D options) and specs of one Config."""
-    if any(m not in (2, 4) for m in cfg.mt) or any(not 2 <= s <= 8 for s in cfg.stages):
-        raise ShapeError(f"linear_v3 config {cfg}: m-tiles 2 or 4, stages 2 to 8")
+    if any(m not in (2, 4, 8) for m in cfg.mt) or any(not 2 <= s <= 8 for s in cfg.stages):
+        raise ShapeError(f"linear_v3 config {cfg}: m-tiles 2, 4 or 8, stages 2 to 8")
     fam = Family("linear_v3", cfg.defines)
     mma = {
         (fmt, epi, nt1): fam.kernel(f"linear3_{fmt}_{epi}" + ("_nt1" if nt1 else ""), _MMA_SIG)
