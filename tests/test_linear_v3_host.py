@@ -200,7 +200,7 @@ def test_every_bench_variant_launches():
 
     rt = Recorder(**H200)
     vs = bench_linear.variants(["v2", "v3"], True)
-    assert len({v.name for v in vs}) == len(vs) == 12
+    assert len({v.name for v in vs}) == len(vs) == 13
     for v in vs:
         for fmt in ("bf16", "q8_0", "q4_0"):
             for n, k, epi in [
