@@ -34,6 +34,16 @@ PYDFLASH_REQUIRE(ATT_THREADS);
 PYDFLASH_REQUIRE(ATT_TC_T);
 PYDFLASH_REQUIRE(ATT_TC_STAGES);
 PYDFLASH_REQUIRE(ATT_CW);
+// Resident warps an SM the tensor-core partials ask the compiler for (0: no ask, the launch
+// bounds' block size alone; e.g. 12: three 4-warp blocks, at most 168 registers a thread):
+// tools/bench_attention.py --tc-min-warps measures it with more splits.
+static_assert(ATT_TC_MIN_WARPS >= 0, "ATT_TC_MIN_WARPS must come from pydflash (-DATT_TC_MIN_WARPS)");
+#if ATT_TC_MIN_WARPS > 0
+#define ATT_TC_BOUNDS(W) \
+    __launch_bounds__(32 * (W), (ATT_TC_MIN_WARPS / (W) > 0 ? ATT_TC_MIN_WARPS / (W) : 1))
+#else
+#define ATT_TC_BOUNDS(W) __launch_bounds__(32 * (W))
+#endif
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -827,7 +837,7 @@ __device__ __forceinline__ void attn_partial_tcb_impl(
     q, ldq, K, V, ldkv, qpos, kpos, n_q, n_keys, n_keys_base, n_splits, n_head, n_kv, window, \
         causal_rows, q_row0, scale, ring, key_window, o_part, ml_part
 #define ATT_TC_ENTRY(NAME, IMPL, T, HD, W)                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * W) NAME##_h##HD##_w##W(                     \
+    extern "C" __global__ void ATT_TC_BOUNDS(W) NAME##_h##HD##_w##W(                              \
         const float* q, long long ldq, const T* K, const T* V, long long ldkv, const int* qpos,   \
         const int* kpos, int n_q, int n_keys, const int* n_keys_base, int n_splits, int n_head,   \
         int n_kv, int hd, int window, int causal_rows, int q_row0, float scale, int stages,       \

@@ -1,6 +1,7 @@
 """Time one layer's split-KV attention (partial + combine) against the bytes of its K/V.
 
     python tools/bench_attention.py [--ctx 4096 131072] [--splits 0 8 16 32] [--repeats 50]
+                                    [--tc-min-warps 12]
 
 For the block-16 geometries of qwen3-8b (32/8 heads x 128) and gemma-4-31B (64/8 x 128): bf16
 and f32 K/V on the tensor-core path (bf16 also rounded: the batched rounds' bf16-activation
@@ -31,7 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--splits", type=int, nargs="+", default=[0])
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--geometry", nargs="+", default=list(GEOMETRIES), choices=list(GEOMETRIES))
+    ap.add_argument(
+        "--tc-min-warps",
+        type=int,
+        default=None,
+        help="compile the tensor-core partials asking for this many resident warps an SM "
+        "(attention.TC_MIN_WARPS; e.g. 12: three 4-warp blocks at <= 168 registers), to time "
+        "them with more --splits",
+    )
     args = ap.parse_args(argv)
+    if args.tc_min_warps is not None and args.tc_min_warps < 0:
+        ap.error("--tc-min-warps must be >= 0")
 
     import cupy as cp
 
@@ -39,9 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     from pydflash.ops import attention
     from tools.bench_round import copy_bandwidth, timed
 
+    if args.tc_min_warps is not None:  # before anything of the family is compiled
+        attention.FAMILY.defines["ATT_TC_MIN_WARPS"] = args.tc_min_warps
     e = Engine(0)
     bw = copy_bandwidth(cp, e.stream)
-    print(f"device {e.name} ({e.sm_count} SMs); copy bandwidth {bw / 1e12:.3f} TB/s")
+    regs = e.function(attention.FAMILY.specs["attn_partial_tcb_h128_w4"]).num_regs
+    print(
+        f"device {e.name} ({e.sm_count} SMs); copy bandwidth {bw / 1e12:.3f} TB/s; "
+        f"ATT_TC_MIN_WARPS {attention.FAMILY.defines['ATT_TC_MIN_WARPS']}: "
+        f"attn_partial_tcb_h128_w4 at {regs} registers"
+    )
     rng = np.random.default_rng(0)
     b = 16
 

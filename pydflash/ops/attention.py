@@ -29,6 +29,10 @@ TC_HEAD_DIMS = (16, 32, 64, 128)
 KV_ITEM = {"f32": 4, "bf16": 2}
 
 COMBINE_WARPS = 4  # warps of a combine block, one block a (head, query) row (a power of two)
+# resident warps an SM asked of the compiler for the tensor-core partials (0: none; the
+# registers then allow two 4-warp blocks of the hd-128 bf16 kernel); a tuning knob for
+# tools/bench_attention.py --tc-min-warps, measured with more splits before any default moves
+TC_MIN_WARPS = 0
 
 FAMILY = Family(
     "attention",
@@ -38,6 +42,7 @@ FAMILY = Family(
         "ATT_TC_T": TC_TILE,
         "ATT_TC_STAGES": TC_STAGES,
         "ATT_CW": COMBINE_WARPS,
+        "ATT_TC_MIN_WARPS": TC_MIN_WARPS,
     },
 )
 
