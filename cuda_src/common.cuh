@@ -29,6 +29,26 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+// The exact quant decodes of the tensor-core paths (gemm.cu, gemm_quant_tma.cu), no int -> float
+// conversion (a quarter-rate pipe): an integer |q| <= 128 is exact in bf16.
+// Two int8 quants (bytes i, i+1 of w) -> bf16x2, exactly: 2^23 + (q + 128) as a float, minus
+// 2^23 + 128.
+__device__ __forceinline__ unsigned q8_pair(unsigned w, int i) {
+    const unsigned u = w ^ 0x80808080u;
+    const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540 + i)) - 8388736.f;
+    const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541 + i)) - 8388736.f;
+    return pack_bf16x2(f0, f1);
+}
+
+// Two nibbles n (in bits 0..3 and 16..19) -> bf16x2 of n - 8, exactly: bf16 128 + n, minus 136.
+__device__ __forceinline__ unsigned q4_pair(unsigned n2) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;"
+        : "=r"(r)
+        : "r"(n2 | 0x43004300u), "r"(0x3F803F80u), "r"(0xC308C308u));
+    return r;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

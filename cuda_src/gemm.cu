@@ -93,24 +93,6 @@ __device__ __forceinline__ void load_tile(unsigned char* stage, const float* X, 
     }
 }
 
-// Two int8 quants (bytes i, i+1 of w) -> bf16x2, exactly: 2^23 + (q + 128) as a float, minus
-// 2^23 + 128.
-__device__ __forceinline__ unsigned q8_pair(unsigned w, int i) {
-    const unsigned u = w ^ 0x80808080u;
-    const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540 + i)) - 8388736.f;
-    const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541 + i)) - 8388736.f;
-    return pack_bf16x2(f0, f1);
-}
-
-// Two nibbles n (in bits 0..3 and 16..19) -> bf16x2 of n - 8, exactly: bf16 128 + n, minus 136.
-__device__ __forceinline__ unsigned q4_pair(unsigned n2) {
-    unsigned r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;"
-        : "=r"(r)
-        : "r"(n2 | 0x43004300u), "r"(0x3F803F80u), "r"(0xC308C308u));
-    return r;
-}
-
 // The quantized formats: the raw tile of one stage -> bf16 [128][32] in wbf, and the tile's 128
 // scales (one per W row, loaded the k-tile before into `scale`) -> f32 in sc.
 template <int FMT>

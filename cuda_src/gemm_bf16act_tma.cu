@@ -55,31 +55,21 @@ __device__ __forceinline__ void tma_tiles(const TensorMap* wmap, const TensorMap
     constexpr int W_BYTES = BN * 128, STAGE_BYTES = TM_X_BYTES + W_BYTES;
     extern __shared__ __align__(1024) unsigned char tm_smem_raw[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[s], then empty[s]
-    const unsigned raw = smem_addr(tm_smem_raw);
-    unsigned char* ring = tm_smem_raw + ((1024 - (raw & 1023)) & 1023);
-    const unsigned ring_s = smem_addr(ring), full0 = smem_addr(bars);
-    const unsigned empty0 = full0 + 8 * STAGES;
     const int tid = threadIdx.x;
     const int m0 = blockIdx.x * TM_BM, n0 = blockIdx.y * BN;
     const int c0 = blockIdx.z * chunks_per_split;  // in 32-wide chunks; splits are whole tiles
     const int c_end = min(K / 32, c0 + chunks_per_split);
     const int nk = max(0, (c_end - c0 + 1) / 2);
 
-    if (tid == TM_CONSUMERS) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1);                        // the producer's expect_tx
-            mbar_init(empty0 + 8 * s, TM_CONSUMERS);     // every consumer thread
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();  // the last block-wide barrier: the producer leaves the consumers after it
+    // the last block-wide barrier: the producer leaves the consumers after it
+    const TmaRing ring = tma_ring_init<STAGES>(tm_smem_raw, bars, TM_CONSUMERS, TM_CONSUMERS);
 
     if (tid >= TM_CONSUMERS) {  // the producer warp: one thread issues every copy
         if (tid == TM_CONSUMERS) {
             for (int kt = 0; kt < nk; ++kt) {
                 const int s = kt % STAGES;
-                if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ((kt / STAGES) + 1) & 1);
-                const unsigned stage = ring_s + s * STAGE_BYTES, full = full0 + 8 * s;
+                if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) + 1) & 1);
+                const unsigned stage = ring.base_s + s * STAGE_BYTES, full = ring.full(s);
                 mbar_expect_tx(full, STAGE_BYTES);
                 const int k = (c0 + 2 * kt) * 32;
                 tma_load_2d(stage, xmap, full, k, m0);
@@ -98,8 +88,8 @@ __device__ __forceinline__ void tma_tiles(const TensorMap* wmap, const TensorMap
 
     for (int kt = 0; kt < nk; ++kt) {
         const int s = kt % STAGES;
-        mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
-        const unsigned char* xs = ring + s * STAGE_BYTES;
+        mbar_wait(ring.full(s), (kt / STAGES) & 1);
+        const unsigned char* xs = ring.base + s * STAGE_BYTES;
         const unsigned long long a = wg_desc(xs + cw * 64 * 128);  // this warpgroup's 64 rows
         const unsigned long long b = wg_desc(xs + TM_X_BYTES);
         wg_fence_operands(d);
@@ -109,7 +99,7 @@ __device__ __forceinline__ void tma_tiles(const TensorMap* wmap, const TensorMap
         wg_commit();
         wg_wait<1>();  // tile kt - 1's MMAs are done: its stage goes back to the producer
         wg_fence_operands(d);
-        if (kt > 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
+        if (kt > 0) mbar_arrive(ring.empty((kt - 1) % STAGES));
     }
     wg_wait<0>();
     wg_fence_operands(d);

@@ -77,32 +77,12 @@ __device__ __forceinline__ int qt_row_key(int row) {
     return FMT == QT_FMT_Q8_0 ? ((row >> 1) & 3) << 4 : ((row >> 2) & 1) << 4;
 }
 
-// Two signed bytes (the low 16 bits of u: k, then k + 1) -> one register of two exact bf16, the
-// lower k in bits 0..15, without int -> float conversions (a quarter-rate pipe): each biased
-// byte (v + 128) becomes the float 2^23 + v + 128, the bias goes in one exact FADD, and an
-// integer |v| <= 128 is exact in bf16, so the float's upper half is its bf16.
-__device__ __forceinline__ unsigned qt_q8_pair(unsigned u) {
-    const unsigned biased = u ^ 0x8080u;
-    const float f0 = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7650)) - 8388736.f;
-    const float f1 = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7651)) - 8388736.f;
-    return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);
-}
-
-// Two nibbles at bits 0..3 and 16..19 of n (the rest zero) -> two exact bf16 (nibble - 8): the
-// bf16 0x4300 | n is 128 + n, and one bf16x2 FMA (x 1, - 136) takes the bias off exactly.
-__device__ __forceinline__ unsigned qt_q4_pair(unsigned n) {
-    unsigned r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
-        : "=r"(r)
-        : "r"(n | 0x43004300u), "r"(0x3F803F80u), "r"(0xC308C308u));
-    return r;
-}
-
 // This thread's A fragments of the tile's GGML block `half` from the quant tile `wt`: a0 of
 // k16 step 2 half, a1 of step 2 half + 1. Rows ra = g and ra + 8 of its warp's 16; registers
 // 0, 1 hold k = 2t, 2t + 1 of the step and 2, 3 hold k = 2t + 8, 2t + 9 (mma.m16n8k16's A).
-// Each pair is one 16-bit load: q8_0 bytes k, k + 1; q4_0 bytes 2t (+ 8) and the next of the
-// block, whose low nibbles are elements 2t, 2t + 1 (a0) and high nibbles 2t + 16, 2t + 17 (a1).
+// Each pair is one 16-bit load, decoded by common.cuh's q8_pair / q4_pair: q8_0 bytes k, k + 1;
+// q4_0 bytes 2t (+ 8) and the next of the block, whose low nibbles are elements 2t, 2t + 1 (a0)
+// and high nibbles 2t + 16, 2t + 17 (a1).
 // row_a = wt + ra * ROW + 2t (row ra's bytes from 2t), key = qt_row_key(ra).
 template <int FMT>
 __device__ __forceinline__ void qt_a_pair(unsigned (&a0)[4], unsigned (&a1)[4],
@@ -118,13 +98,13 @@ __device__ __forceinline__ void qt_a_pair(unsigned (&a0)[4], unsigned (&a1)[4],
                 const unsigned u0 = *reinterpret_cast<const unsigned short*>(p + ((BLOCK * half) ^ key));
                 const unsigned u1 =
                     *reinterpret_cast<const unsigned short*>(p + ((BLOCK * half + 16) ^ key));
-                a0[2 * h + rr] = qt_q8_pair(u0);
-                a1[2 * h + rr] = qt_q8_pair(u1);
+                a0[2 * h + rr] = q8_pair(u0, 0);
+                a1[2 * h + rr] = q8_pair(u1, 0);
             } else {  // chunk `half` of the row
                 const unsigned u = *reinterpret_cast<const unsigned short*>(p + ((BLOCK * half) ^ key));
                 const unsigned spread = __byte_perm(u, 0u, 0x4140);  // byte 1 -> byte 2
-                a0[2 * h + rr] = qt_q4_pair(spread & 0x000F000Fu);
-                a1[2 * h + rr] = qt_q4_pair((spread >> 4) & 0x000F000Fu);
+                a0[2 * h + rr] = q4_pair(spread & 0x000F000Fu);
+                a1[2 * h + rr] = q4_pair((spread >> 4) & 0x000F000Fu);
             }
         }
     }
@@ -140,29 +120,18 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     static_assert(STAGE_BYTES % 1024 == 0, "every stage's Xb tile 1024-byte aligned");
     extern __shared__ __align__(1024) unsigned char qt_smem_raw[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[s], then empty[s]
-    const unsigned raw = smem_addr(qt_smem_raw);
-    unsigned char* ring = qt_smem_raw + ((1024 - (raw & 1023)) & 1023);
-    const unsigned ring_s = smem_addr(ring), full0 = smem_addr(bars);
-    const unsigned empty0 = full0 + 8 * STAGES;
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * QT_BN, r0 = blockIdx.y * QT_BR;
     const int nk = K / QT_BK;  // K % 64 == 0 (the launcher's check)
 
-    if (tid == QT_CONSUMERS) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, QT_CONSUMERS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    const TmaRing ring = tma_ring_init<STAGES>(qt_smem_raw, bars, QT_CONSUMERS, QT_CONSUMERS);
 
     if (tid >= QT_CONSUMERS) {  // the producer warp: one thread issues every copy
         if (tid == QT_CONSUMERS) {
             for (int kt = 0; kt < nk; ++kt) {
                 const int s = kt % STAGES;
-                if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ((kt / STAGES) + 1) & 1);
-                const unsigned stage = ring_s + s * STAGE_BYTES, full = full0 + 8 * s;
+                if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) + 1) & 1);
+                const unsigned stage = ring.base_s + s * STAGE_BYTES, full = ring.full(s);
                 mbar_expect_tx(full, STAGE_BYTES);
                 tma_load_2d(stage, xmap, full, kt * QT_BK, r0);
                 const int inner = FMT == QT_FMT_Q8_0 ? kt * QT_BK : kt * (QT_BK / 2);
@@ -190,8 +159,8 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
         const float da0 = na < N ? f16_to_f32(sa[c0]) : 0.f, db0 = nb < N ? f16_to_f32(sb[c0]) : 0.f;
         const float da1 = na < N ? f16_to_f32(sa[c0 + 1]) : 0.f;
         const float db1 = nb < N ? f16_to_f32(sb[c0 + 1]) : 0.f;
-        mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
-        const unsigned char* xs = ring + s * STAGE_BYTES;
+        mbar_wait(ring.full(s), (kt / STAGES) & 1);
+        const unsigned char* xs = ring.base + s * STAGE_BYTES;
         const unsigned char* wt = xs + QT_X_BYTES;
         const unsigned long long b = wg_desc(xs);
 #pragma unroll
@@ -211,7 +180,7 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
 #pragma unroll
             for (int i = 0; i < 64; ++i) acc[i] = fmaf((i & 2) ? db : da, blk[i], acc[i]);
         }
-        mbar_arrive(empty0 + 8 * s);  // this thread is done with the stage
+        mbar_arrive(ring.empty(s));  // this thread is done with the stage
     }
 
     // acc[4j + 0, 1] = (weight row na, Xb rows r0 + 8j + 2t, + 1); acc[4j + 2, 3]: row nb

@@ -58,3 +58,38 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, 
         : "memory");
 #endif
 }
+
+// The stage ring of a warp-specialised TMA tile: the dynamic shared memory aligned up to 1024
+// bytes (the 128B swizzle's period), stage s at base + s * its bytes, and the mbarriers in
+// `bars` (full[s], then empty[s]). tma_ring_init: thread `producer` initialises them (full:
+// the producer's one expect_tx; empty: every one of `consumers` threads), then the block-wide
+// barrier that every thread of the block must reach.
+struct TmaRing {
+    unsigned char* base;
+    unsigned base_s, full0, empty0;  // shared-space addresses
+    __device__ __forceinline__ unsigned full(int s) const { return full0 + 8 * s; }
+    __device__ __forceinline__ unsigned empty(int s) const { return empty0 + 8 * s; }
+};
+
+template <int STAGES>
+__device__ __forceinline__ TmaRing tma_ring_init(unsigned char* smem_raw,
+                                                 unsigned long long (&bars)[2 * STAGES],
+                                                 int producer, unsigned consumers) {
+    TmaRing r;
+    const unsigned raw = smem_addr(smem_raw);
+    r.base = smem_raw + ((1024 - (raw & 1023)) & 1023);
+    r.base_s = smem_addr(r.base);
+    r.full0 = smem_addr(bars);
+    r.empty0 = r.full0 + 8 * STAGES;
+    if ((int)threadIdx.x == producer) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(r.full(s), 1);
+            mbar_init(r.empty(s), consumers);
+        }
+#if WG_ENABLED
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+    }
+    __syncthreads();
+    return r;
+}

@@ -20,6 +20,8 @@ _SWIZZLE_NONE = 0
 _SWIZZLE_32B = 1
 _SWIZZLE_64B = 2
 _SWIZZLE_128B = 3
+# u8_rows' boxes 32 / 64 bytes wide: (their swizzle, the mask of box_swizzle's XOR)
+_BOX_SWIZZLE = {32: (_SWIZZLE_32B, 1), 64: (_SWIZZLE_64B, 3)}
 _L2_PROMOTION_256B = 3
 _OOB_FILL_ZEROS = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: elements out of bounds read as zeros
 
@@ -84,7 +86,7 @@ def u8_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> Ten
         problems.append(f"box {box_rows} x {box_cols} (rows <= 256, columns 16..256 by 16)")
     if problems:
         raise ShapeError("tensor map: " + "; ".join(problems))
-    swizzle = {32: _SWIZZLE_32B, 64: _SWIZZLE_64B}.get(box_cols, _SWIZZLE_NONE)
+    swizzle = _BOX_SWIZZLE.get(box_cols, (_SWIZZLE_NONE, 0))[0]
     return _encode(_DTYPE_UINT8, ptr, rows, cols, cols, box_rows, box_cols, swizzle)
 
 
@@ -92,7 +94,7 @@ def box_swizzle(offset: int, box_cols: int) -> int:
     """Where u8_rows' copy puts byte `offset` (row-major, rows of box_cols bytes) of a box in
     shared memory (its destination aligned to 1024 bytes): the host-side model of the swizzle
     the kernels undo (gemm_quant_tma.cu qt_row_key)."""
-    mask = {32: 1, 64: 3}.get(box_cols, 0)
+    mask = _BOX_SWIZZLE.get(box_cols, (_SWIZZLE_NONE, 0))[1]
     return offset ^ (((offset >> 7) & mask) << 4)
 
 

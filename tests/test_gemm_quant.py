@@ -22,7 +22,8 @@ def f32(bits: int) -> np.float32:
 
 
 def q8_pair(u: int) -> int:
-    """qt_q8_pair: two signed bytes -> bf16x2 by the float trick."""
+    """common.cuh's q8_pair: two signed bytes -> bf16x2 by the float trick (the exact
+    floats' upper halves)."""
     biased = u ^ 0x8080
     f0 = f32(byte_perm(biased, 0x4B000000, 0x7650)) - np.float32(8388736.0)
     f1 = f32(byte_perm(biased, 0x4B000000, 0x7651)) - np.float32(8388736.0)
@@ -32,7 +33,8 @@ def q8_pair(u: int) -> int:
 
 
 def q4_pair(n: int) -> int:
-    """qt_q4_pair: nibbles at bits 0..3 and 16..19 -> bf16x2 of nibble - 8 (fma x 1 - 136)."""
+    """common.cuh's q4_pair: nibbles at bits 0..3 and 16..19 -> bf16x2 of nibble - 8 (fma x 1
+    - 136)."""
     out = 0
     for half in range(2):
         h = ((n | 0x43004300) >> 16 * half) & 0xFFFF
