@@ -9,8 +9,15 @@
 // each be null (n_split = 0 with no part); resid_in and resid_out may alias (the residual
 // updated in place). One block per row of n.
 // Each thread keeps up to RMS_VEC float4 of the row in registers and issues all its loads
-// before the first use (n % 4 == 0, n <= 4 * RMS_VEC * blockDim.x; else the scalar path).
+// before its first store (n % 4 == 0, n <= 4 * RMS_VEC * blockDim.x; else the scalar path).
 PYDFLASH_REQUIRE(RMS_VEC);
+
+__device__ __forceinline__ void add4(float4& v, const float4 p) {
+    v.x += p.x;
+    v.y += p.y;
+    v.z += p.z;
+    v.w += p.w;
+}
 
 extern "C" __global__ void residual_rms_norm(const float* part, int n_split, long long split_stride,
                                              const float* resid_in, float* resid_out,
@@ -21,6 +28,9 @@ extern "C" __global__ void residual_rms_norm(const float* part, int n_split, lon
     const long long base = (long long)blockIdx.x * n;
     float ss = 0.f;
     if ((n & 3) == 0 && n <= 4 * RMS_VEC * (int)blockDim.x) {
+        // every load of the row before any store: a resid_out store (it may alias resid_in)
+        // between them would keep the next float4's loads behind it, one memory latency a
+        // float4; the sums keep their order (resid_in, the partials in split order, bias)
         float4 v[RMS_VEC];
 #pragma unroll
         for (int j = 0; j < RMS_VEC; ++j) {
@@ -29,21 +39,35 @@ extern "C" __global__ void residual_rms_norm(const float* part, int n_split, lon
             if (i < n) {
                 if (resid_in != nullptr)
                     v[j] = *reinterpret_cast<const float4*>(resid_in + base + i);
-                for (int s = 0; s < n_split; ++s) {
-                    const float4 p =
-                        *reinterpret_cast<const float4*>(part + s * split_stride + base + i);
-                    v[j].x += p.x;
-                    v[j].y += p.y;
-                    v[j].z += p.z;
-                    v[j].w += p.w;
+                int s = 0;
+                for (; s + 4 <= n_split; s += 4) {  // four splits' loads in flight, added in order
+                    const float* src = part + s * split_stride + base + i;
+                    const float4 p0 = *reinterpret_cast<const float4*>(src);
+                    const float4 p1 = *reinterpret_cast<const float4*>(src + split_stride);
+                    const float4 p2 = *reinterpret_cast<const float4*>(src + 2 * split_stride);
+                    const float4 p3 = *reinterpret_cast<const float4*>(src + 3 * split_stride);
+                    add4(v[j], p0);
+                    add4(v[j], p1);
+                    add4(v[j], p2);
+                    add4(v[j], p3);
                 }
-                if (bias != nullptr) {
-                    const float4 b = *reinterpret_cast<const float4*>(bias + i);
-                    v[j].x += b.x;
-                    v[j].y += b.y;
-                    v[j].z += b.z;
-                    v[j].w += b.w;
+                for (; s < n_split; ++s) {
+                    const float* src = part + s * split_stride + base + i;
+                    add4(v[j], *reinterpret_cast<const float4*>(src));
                 }
+            }
+        }
+        if (bias != nullptr) {
+#pragma unroll
+            for (int j = 0; j < RMS_VEC; ++j) {
+                const int i = 4 * (threadIdx.x + j * blockDim.x);
+                if (i < n) add4(v[j], *reinterpret_cast<const float4*>(bias + i));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < RMS_VEC; ++j) {
+            const int i = 4 * (threadIdx.x + j * blockDim.x);
+            if (i < n) {
                 if (resid_out != nullptr) *reinterpret_cast<float4*>(resid_out + base + i) = v[j];
                 ss = fmaf(v[j].x, v[j].x,
                           fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
