@@ -77,11 +77,31 @@ __device__ __forceinline__ void qkv_norm_rope_impl(
     const long long slot = ring > 0 ? row % ring : row;
     const float* s = src + r * ld_src + (long long)h * hd;
     float* acc = sum[warp];
-    for (int j = lane; j < hd; j += 32) {
-        float v = s[j];
-        for (int p = 1; p < n_split; ++p) v += s[p * split_stride + j];
-        if (bias != nullptr) v += bias[(long long)h * hd + j];
-        acc[j] = v;
+    if (hd <= 4 * 32) {  // a split's (up to 4) loads a lane in flight together, the splits
+                         // added in order: one memory latency a split, not one an element
+        float v[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) v[c] = lane + 32 * c < hd ? s[lane + 32 * c] : 0.f;
+        for (int p = 1; p < n_split; ++p) {
+            float t[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                t[c] = lane + 32 * c < hd ? s[p * split_stride + lane + 32 * c] : 0.f;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) v[c] += t[c];
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int j = lane + 32 * c;
+            if (j < hd) acc[j] = bias != nullptr ? v[c] + bias[(long long)h * hd + j] : v[c];
+        }
+    } else {
+        for (int j = lane; j < hd; j += 32) {
+            float v = s[j];
+            for (int p = 1; p < n_split; ++p) v += s[p * split_stride + j];
+            if (bias != nullptr) v += bias[(long long)h * hd + j];
+            acc[j] = v;
+        }
     }
     __syncwarp();
     const long long kv_ld = (long long)n_kv * hd;
