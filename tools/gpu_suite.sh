@@ -97,9 +97,11 @@ fi
 if [ "$PART" = profile ]; then   # where each op's time goes (ncu: one kernel at a time)
   METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size
   NCU="ncu --clock-control none --profile-from-start off"
-  for spec in "qwen3-8b-b16 bf16 4096 round" "qwen3-8b-b16 q8_0 4096 round" \
-      "qwen3-8b-b16 q4_0 4096 round" "gemma4-31b bf16 4096 round" "qwen3-8b-b16 bf16 131072 round" \
-      "gemma4-31b bf16 131072 round" "qwen3-8b-b16 bf16 4096 propose" "qwen3-8b-b16 q8_0 4096 ingest"; do
+  # PROFILE_SPECS: "preset precision ctx op" entries separated by ";" (default: all of them);
+  # PROFILE_STALLS=0 skips the stall sections
+  SPECS=${PROFILE_SPECS:-"qwen3-8b-b16 bf16 4096 round;qwen3-8b-b16 q8_0 4096 round;qwen3-8b-b16 q4_0 4096 round;gemma4-31b bf16 4096 round;qwen3-8b-b16 bf16 131072 round;gemma4-31b bf16 131072 round;qwen3-8b-b16 bf16 4096 propose;qwen3-8b-b16 q8_0 4096 ingest"}
+  IFS=';' read -r -a SPEC_LIST <<< "$SPECS"
+  for spec in "${SPEC_LIST[@]}"; do
     read -r ck prec ctx op <<< "$spec"
     name="prof_${ck}_${prec}_${ctx}_${op}"
     $NCU --csv --page raw --print-units base --metrics "$METRICS" python3 tools/profile_round.py run \
@@ -108,10 +110,11 @@ if [ "$PART" = profile ]; then   # where each op's time goes (ncu: one kernel at
     { echo "== $spec"; python3 tools/profile_round.py summarize "$OUT/$name.csv"; } | tee "$OUT/$name.txt"
   done
   # SourceCounters adds the PC sampling the WarpStateStats rules need for their stall reasons
+  [ "${PROFILE_STALLS:-1}" = 0 ] && SKIP_STALLS=1 || SKIP_STALLS=0
   SECTIONS="--section SpeedOfLight --section WarpStateStats --section SourceCounters --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats"
-  run ncu_attention $NCU $SECTIONS -k regex:attn_partial -c 1 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --ctx 4096 --op round
-  run ncu_linear_q4 $NCU $SECTIONS -k regex:linear -c 2 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --precision q4_0 --ctx 4096 --op round
-  run ncu_gemm_quant $NCU $SECTIONS -k regex:gemm_quant -c 1 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --precision q8_0 --ctx 4096 --op ingest
+  [ $SKIP_STALLS = 1 ] || run ncu_attention $NCU $SECTIONS -k regex:attn_partial -c 1 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --ctx 4096 --op round
+  [ $SKIP_STALLS = 1 ] || run ncu_linear_q4 $NCU $SECTIONS -k regex:linear -c 2 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --precision q4_0 --ctx 4096 --op round
+  [ $SKIP_STALLS = 1 ] || run ncu_gemm_quant $NCU $SECTIONS -k regex:gemm_quant -c 1 python3 tools/profile_round.py run --ckpt "$CKPT/qwen3-8b-b16" --precision q8_0 --ctx 4096 --op ingest
 fi
 
 echo "== summary ($PART)"
