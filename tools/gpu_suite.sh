@@ -3,13 +3,15 @@
 #   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|profile]
 #   (default: all)
 # tests:   the test suite, CPU and GPU, in TEST_SHARDS (3) parallel pytest processes
-# suite:   tests and scale at once, within one device call (2 + 5 processes by default: with
-#          3 + 6 one scale process was killed for host memory on a 128 GiB machine)
+# suite:   tests and scale at once, within one device call (2 + 3 processes by default: with
+#          3 + 6 and with 3 + 4 one scale process was killed for host memory on a 128 GiB
+#          machine; `tests` then `scale` as two calls is the safe order)
 # scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
 #          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step), in
 #          SCALE_SHARDS (5) parallel pytest processes
 # checks:  load_check of every preset (bf16 and q8_0, ctx 4096), the soak, bench_round
-# kernels: bench_linear (decode linear vs its floor), bench_attention, bench_kernels
+# kernels: bench_linear (decode linear vs its floor), bench_attention, bench_kernels,
+#          bench_stream (the linears' weight tile order read alone, row-major against tiled)
 # bench:   bench_round at ctx 4096 (qwen3-8b with --propose, gemma4-31b) and bench_kernels
 # batch:   bench_round --batch 1 .. 64 --profile (qwen3-8b bf16, ctx 4096; exact and bf16
 #          activations) and bench_kernels --batched (gemm_bf16act's tiles): batched rounds
@@ -55,7 +57,7 @@ fi
 if [ "$PART" = scale ] || [ "$PART" = all ] || [ "$PART" = suite ]; then
   # in SHARDS processes on the one GPU (one process takes over 10 minutes, a device call's
   # limit): the scale tests dealt round-robin, each shard's log scale_N.log, scale.log the sum
-  SHARDS=${SCALE_SHARDS:-5}
+  SHARDS=${SCALE_SHARDS:-$([ "$PART" = suite ] && echo 3 || echo 5)}
   python3 -m pytest -q --collect-only -m scale -p no:cacheprovider tests 2>/dev/null | grep '::' > "$OUT/scale_ids.txt"
   for i in $(seq 1 "$SHARDS"); do
     awk -v i="$i" -v n="$SHARDS" 'NR % n == i % n' "$OUT/scale_ids.txt" > "$OUT/scale_ids_$i.txt"
@@ -80,6 +82,7 @@ if [ "$PART" = kernels ]; then
   run bench_linear python3 tools/bench_linear.py --variants
   run bench_attention python3 tools/bench_attention.py
   run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
+  run bench_stream python3 tools/bench_stream.py
 fi
 if [ "$PART" = bench ]; then   # issue 10's tables at ctx 4096 and the per-kernel profile
   run bench_qwen python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --propose --host-profile

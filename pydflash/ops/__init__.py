@@ -15,6 +15,7 @@ from . import (
     qkv_rope,
     quant,
     sampling,
+    stream_probe,
     verify,
 )
 
@@ -33,5 +34,6 @@ FAMILIES = tuple(
         markov,
         quant,
         verify,
+        stream_probe,
     )
 ) + (gemm_bf16act.FAMILY_SM90, gemm_bf16act.FAMILY_TMA, gemm_quant.FAMILY)
