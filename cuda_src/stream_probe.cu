@@ -10,11 +10,13 @@
 // Work split as linear_v3's: warp (g, s) of g = row group (`rows` rows), s = slice of
 // `slices`, reads runs s, s + slices, s + 2 * slices, ... of its rows; a block's warps are
 // consecutive slices of one row group (they read neighbouring runs of the same rows at once).
-// Each lane loads its 16-byte granules of two tiles ahead (a tile's loads all in flight before
-// the first is used) and folds them into one word, written to sink[warp] so the loads stay.
+// Bytes in flight do not depend on the tile: a lane loads PROBE_BATCH 16-byte granules at a
+// time (PROBE_BATCH / granules-a-lane-a-tile tiles of the warp's sequence), two batches ahead
+// (8 KiB a warp), so small and large tiles compare at the same depth. The granules are folded
+// into one word, written to sink[warp] so the loads stay.
 #include "common.cuh"
 
-#define PROBE_MAX_G 8  // granules a lane loads per tile: rows * run_bytes <= 8 * 32 * 16 bytes
+#define PROBE_BATCH 8  // granules a lane loads a batch; a tile is at most 8 * 32 * 16 bytes
 
 __device__ __forceinline__ uint4 probe_load(const unsigned char* p) {
     uint4 v;
@@ -31,38 +33,42 @@ extern "C" __global__ void stream_tiles(const unsigned char* __restrict__ w, lon
     const int lane = threadIdx.x & 31;
     if (warp >= n_groups * slices) return;
     const int g = warp / slices, s = warp % slices;
-    const int n_runs = (int)(row_bytes / run_bytes);
-    const int gpr = run_bytes / 16;              // granules per row of a tile
-    const int per_lane = rows * gpr / 32;        // granules a lane loads per tile
-    const long long tile_bytes = (long long)rows * run_bytes;
+    const int n_runs = (int)(row_bytes / run_bytes);  // tiles of the row group
+    const int gpr = run_bytes / 16;                    // granules per row of a tile
+    const int per_lane = rows * gpr / 32;              // granules a lane loads per tile
+    const int per_batch = PROBE_BATCH / per_lane;      // tiles a batch
+    const int my_tiles = (n_runs - s + slices - 1) / slices;
+    const long long tile_step = tiled ? (long long)rows * run_bytes : run_bytes;
     const unsigned char* group = w + (long long)g * rows * row_bytes;
-    // a granule's offset inside its tile (the divisions once, not per tile); a tile starts at
-    // run * tile_bytes (tiled) or at run * run_bytes of the group's first row (row-major)
-    long long in_tile[PROBE_MAX_G];
+    // granule j of a batch: tile j / per_lane of it, granule lane + 32 * (j % per_lane) of the
+    // tile, at in_tile[j] from the tile's start (the divisions once, not per batch)
+    long long in_tile[PROBE_BATCH];
+    int tile_of[PROBE_BATCH];
 #pragma unroll
-    for (int j = 0; j < PROBE_MAX_G; ++j) {
-        const int q = lane + 32 * j;
+    for (int j = 0; j < PROBE_BATCH; ++j) {
+        const int q = lane + 32 * (j % per_lane);
+        tile_of[j] = j / per_lane;
         in_tile[j] = tiled ? 16LL * q : (long long)(q / gpr) * row_bytes + 16LL * (q % gpr);
     }
-    const long long tile_step = tiled ? tile_bytes : run_bytes;
-    unsigned acc = 0;
-    uint4 cur[PROBE_MAX_G], nxt[PROBE_MAX_G];
-    auto load_tile = [&](uint4* dst, int run) {
-        const unsigned char* tile = group + (long long)run * tile_step;
+    auto load_batch = [&](uint4* dst, int b) {
 #pragma unroll
-        for (int j = 0; j < PROBE_MAX_G; ++j)
-            if (j < per_lane) dst[j] = probe_load(tile + in_tile[j]);
+        for (int j = 0; j < PROBE_BATCH; ++j) {
+            const int t = b * per_batch + tile_of[j];  // the warp's t-th tile: run s + t * slices
+            dst[j] = make_uint4(0, 0, 0, 0);
+            if (t < my_tiles)
+                dst[j] = probe_load(group + (long long)(s + t * slices) * tile_step + in_tile[j]);
+        }
     };
-    int run = s;
-    if (run < n_runs) load_tile(cur, run);
-    for (; run < n_runs; run += slices) {
-        if (run + slices < n_runs) load_tile(nxt, run + slices);
+    const int n_batches = (my_tiles + per_batch - 1) / per_batch;
+    unsigned acc = 0;
+    uint4 cur[PROBE_BATCH], nxt[PROBE_BATCH];
+    if (n_batches > 0) load_batch(cur, 0);
+    for (int b = 0; b < n_batches; ++b) {
+        if (b + 1 < n_batches) load_batch(nxt, b + 1);
 #pragma unroll
-        for (int j = 0; j < PROBE_MAX_G; ++j) {
-            if (j < per_lane) {
-                acc ^= cur[j].x ^ cur[j].y ^ cur[j].z ^ cur[j].w;
-                cur[j] = nxt[j];
-            }
+        for (int j = 0; j < PROBE_BATCH; ++j) {
+            acc ^= cur[j].x ^ cur[j].y ^ cur[j].z ^ cur[j].w;
+            cur[j] = nxt[j];
         }
     }
     acc = __reduce_xor_sync(0xffffffffu, acc);
