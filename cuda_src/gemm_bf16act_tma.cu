@@ -65,17 +65,12 @@ __device__ __forceinline__ void tma_tiles(const TensorMap* wmap, const TensorMap
     const TmaRing ring = tma_ring_init<STAGES>(tm_smem_raw, bars, TM_CONSUMERS, TM_CONSUMERS);
 
     if (tid >= TM_CONSUMERS) {  // the producer warp: one thread issues every copy
-        if (tid == TM_CONSUMERS) {
-            for (int kt = 0; kt < nk; ++kt) {
-                const int s = kt % STAGES;
-                if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) + 1) & 1);
-                const unsigned stage = ring.base_s + s * STAGE_BYTES, full = ring.full(s);
-                mbar_expect_tx(full, STAGE_BYTES);
-                const int k = (c0 + 2 * kt) * 32;
-                tma_load_2d(stage, xmap, full, k, m0);
-                tma_load_2d(stage + TM_X_BYTES, wmap, full, k, n0);
-            }
-        }
+        if (tid == TM_CONSUMERS)
+            tma_produce_pairs<STAGES>(
+                ring, nk, STAGE_BYTES, TM_X_BYTES, xmap, wmap,
+                [&](int kt, int& xc, int& xr, int& wc, int& wr) {
+                    xc = wc = (c0 + 2 * kt) * 32, xr = m0, wr = n0;
+                });
         return;
     }
 

@@ -127,17 +127,13 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     const TmaRing ring = tma_ring_init<STAGES>(qt_smem_raw, bars, QT_CONSUMERS, QT_CONSUMERS);
 
     if (tid >= QT_CONSUMERS) {  // the producer warp: one thread issues every copy
-        if (tid == QT_CONSUMERS) {
-            for (int kt = 0; kt < nk; ++kt) {
-                const int s = kt % STAGES;
-                if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) + 1) & 1);
-                const unsigned stage = ring.base_s + s * STAGE_BYTES, full = ring.full(s);
-                mbar_expect_tx(full, STAGE_BYTES);
-                tma_load_2d(stage, xmap, full, kt * QT_BK, r0);
-                const int inner = FMT == QT_FMT_Q8_0 ? kt * QT_BK : kt * (QT_BK / 2);
-                tma_load_2d(stage + QT_X_BYTES, wmap, full, inner, n0);
-            }
-        }
+        if (tid == QT_CONSUMERS)
+            tma_produce_pairs<STAGES>(
+                ring, nk, STAGE_BYTES, QT_X_BYTES, xmap, wmap,
+                [&](int kt, int& xc, int& xr, int& wc, int& wr) {
+                    xc = kt * QT_BK, xr = r0;
+                    wc = FMT == QT_FMT_Q8_0 ? kt * QT_BK : kt * (QT_BK / 2), wr = n0;
+                });
         return;
     }
 

@@ -93,3 +93,24 @@ __device__ __forceinline__ TmaRing tma_ring_init(unsigned char* smem_raw,
     __syncthreads();
     return r;
 }
+
+// The producer of a two-operand tile ring (one thread): for each k-tile kt, wait until the
+// consumers have freed stage kt % STAGES, then load its X tile (at the stage's start) and its W
+// tile (x_bytes on), both on the stage's full barrier. coords(kt, xc, xr, wc, wr) gives the
+// two tiles' (inner, outer) coordinates.
+template <int STAGES, class Coords>
+__device__ __forceinline__ void tma_produce_pairs(const TmaRing& ring, int nk,
+                                                  unsigned stage_bytes, unsigned x_bytes,
+                                                  const TensorMap* xmap, const TensorMap* wmap,
+                                                  Coords coords) {
+    for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % STAGES;
+        if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) + 1) & 1);
+        const unsigned stage = ring.base_s + s * stage_bytes, full = ring.full(s);
+        mbar_expect_tx(full, stage_bytes);
+        int xc, xr, wc, wr;
+        coords(kt, xc, xr, wc, wr);
+        tma_load_2d(stage, xmap, full, xc, xr);
+        tma_load_2d(stage + x_bytes, wmap, full, wc, wr);
+    }
+}
