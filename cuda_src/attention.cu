@@ -1,4 +1,4 @@
-// Non-causal GQA attention over a KV range, split along the keys (flash-decoding) and combined.
+// GQA attention over a KV range, split along the keys (flash-decoding) and combined.
 //
 // attn_partial*: block (kv head, split) holds every query row of the G = n_head/n_kv query heads
 // sharing that kv head (R = G * n_q rows, row r = gq * n_q + i) and walks its key range in tiles:
@@ -15,8 +15,10 @@
 // same keys sums them in the same order; blocks past the last split write empty partials.
 //
 // Window: query at position p sees key at position j iff window == 0 or |p - j| <= window - 1.
-// Causal (causal_rows = b > 0, the is_causal drafters): the last b keys are the block's own
-// rows, and query row i (q_row0 + row in this launch) sees block key j only when j <= i.
+// Causal (causal_rows = b > 0, a causal layer): the last b keys are the block's own rows, and
+// query row i (q_row0 + row in this launch) sees block key j only when j <= i. Together, with
+// the ctx keys before the block: (not causal or j <= p) and p - j < W, and when non-causal also
+// j - p < W (z-lab's _attention_mask).
 //
 // FFMA partials (the f32 precision with f32 K/V, and head_dim 256), 256 threads: the S phase
 // gives thread (tr, tc) = (tid / 16, tid % 16) the rows tr*RPT .. +RPT-1 and the keys tc + 16c
@@ -881,11 +883,15 @@ ATT_TC_ENTRIES(128)
 // order through shared memory. out [n_q, n_head*hd] row stride ldo. No branch between the
 // loads (a split that saw no visible key has weight 0 and an O of zeros), so the result
 // depends on the partials only.
+// sink (nullptr: none): a learned logit per query head h, in every row's softmax denominator
+// with no value: out = sum_s e^(m_s - M) O_s / (sum_s e^(m_s - M) l_s + e^(sink_h - M)), M the
+// largest of the m_s and sink_h (vLLM's attention sinks; the scores it joins are scaled, it
+// is not).
 extern "C" __global__ void __launch_bounds__(32 * ATT_CW)
     attn_combine(const float* __restrict__ o_part, const float* __restrict__ ml_part,
                  float* __restrict__ out, long long ldo, int n_q, int n_head, int hd,
                  int n_splits, long long seq_part_rows, long long seq_out, const int* seq_slot,
-                 bf16_bits* __restrict__ out_b) {
+                 bf16_bits* __restrict__ out_b, const float* __restrict__ sink) {
     // grid y = the batch's sequences (ATT_SEQ_PARAMS): sequence y's partials and output rows;
     // a padding sequence (slot -1) wrote no partials and is skipped
     if (seq_slot != nullptr && seq_slot[blockIdx.y] < 0) return;
@@ -902,6 +908,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_CW)
     float M = neg_inf();
     for (int s = lane; s < n_splits; s += 32) M = fmaxf(M, ml_part[(s * split_rows + row) * 2]);
     M = warp_max(M);
+    if (sink != nullptr) M = fmaxf(M, sink[h]);
     float L = 0.f;
     float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
     for (int s0 = 0; s0 < n_splits; s0 += 32) {
@@ -931,6 +938,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_CW)
             }
         }
     }
+    if (sink != nullptr) L += expf(sink[h] - M);
     if (warp > 0) {  // every warp summed the same L: warp 0 keeps its own
 #pragma unroll
         for (int c = 0; c < 2; ++c) part[warp - 1][lane + 32 * c] = acc[c];

@@ -89,11 +89,16 @@ __device__ __forceinline__ float table_value<float>(const float* table, long lon
 template <typename T>
 __device__ __forceinline__ void block_embed(const T* table, long long ld, long long n_rows_table,
                                             const int* last, int mask_id, const float* scale,
-                                            float* out, int b, long long cols) {
+                                            float* out, int b, long long cols,
+                                            const float* mask_rows, int n_mask_rows) {
     const float s = *scale;
     const int first = *last;
     for (long long i = gtid(); i < (long long)b * cols; i += gstride()) {
         const long long r = i / cols, c = i % cols;
+        if (r > 0 && n_mask_rows > 0) {  // learned MASK rows: one for every slot, or one a slot
+            out[i] = mask_rows[(n_mask_rows == 1 ? 0 : r - 1) * cols + c] * s;
+            continue;
+        }
         const long long id = r == 0 ? first : mask_id;
         out[i] = (id >= 0 && id < n_rows_table) ? table_value<T>(table, id * ld + c) * s
                                                 : __int_as_float(0x7fc00000);
@@ -102,12 +107,16 @@ __device__ __forceinline__ void block_embed(const T* table, long long ld, long l
 
 extern "C" __global__ void block_embed_bf16(const bf16_bits* table, long long ld,
                                             long long n_rows_table, const int* last, int mask_id,
-                                            const float* scale, float* out, int b, long long cols) {
-    block_embed<bf16_bits>(table, ld, n_rows_table, last, mask_id, scale, out, b, cols);
+                                            const float* scale, float* out, int b, long long cols,
+                                            const float* mask_rows, int n_mask_rows) {
+    block_embed<bf16_bits>(table, ld, n_rows_table, last, mask_id, scale, out, b, cols, mask_rows,
+                           n_mask_rows);
 }
 
 extern "C" __global__ void block_embed_f32(const float* table, long long ld, long long n_rows_table,
                                            const int* last, int mask_id, const float* scale,
-                                           float* out, int b, long long cols) {
-    block_embed<float>(table, ld, n_rows_table, last, mask_id, scale, out, b, cols);
+                                           float* out, int b, long long cols,
+                                           const float* mask_rows, int n_mask_rows) {
+    block_embed<float>(table, ld, n_rows_table, last, mask_id, scale, out, b, cols, mask_rows,
+                       n_mask_rows);
 }

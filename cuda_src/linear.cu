@@ -18,8 +18,9 @@
 // Epilogues: STORE Y = v; ADD Y = R + v (R may alias Y: residual in place); SILU_MUL for a fused
 // gate/up weight whose rows come in groups of 8 gate rows then the matching 8 up rows:
 // Y[:, j] = silu(gate_j) * up_j, Y has N/2 columns. SAMPLE (no K split) streams logits into
-// sampling partials instead of (or as well as) storing them: z = v, soft-capped first when
-// apply_cap and params[1] > 0 (z = tanh(z / cap) * cap), then + R when R is given (a residual row
+// sampling partials instead of (or as well as) storing them: z = v, when apply_cap multiplied by
+// params[3] and then soft-capped if params[1] > 0 (z = tanh(z / cap) * cap), then + R when R is
+// given (a residual row
 // added after the cap: the Markov bias pass over the capped lm-head logits), stored to Y only when
 // Y is given; then, when `part` is given, each block reduces its rows of every token to one
 // Gumbel-max partial (sampling.cuh: best score + index, y of the best, max and sum-exp of

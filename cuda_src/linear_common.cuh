@@ -16,17 +16,20 @@
 struct SampleArgs {
     float* part;          // [row blocks, M] x 4 floats, or null: store only
     int* part_idx;        // [row blocks, M]
-    const float* params;  // [0] = T (<= 0: greedy), [1] = soft-cap (<= 0: none)
+    const float* params;  // [0] = T (<= 0: greedy), [1] = soft-cap (<= 0: none),
+                          // [3] = the logit multiplier (applied before the cap)
     const unsigned* rng;  // seed lo, seed hi, offset lo, offset hi
     int slot_base;        // the Philox row of token 0 (its draft slot)
-    int apply_cap;        // 1: soft-cap the product (the lm-head pass), 0: not (Markov pass)
+    int apply_cap;        // 1: scale and soft-cap the product (the lm-head pass), 0: not (Markov)
 };
 
-// SAMPLE: one output's logit z (cap, then + R, then stored to Y when given).
+// SAMPLE: one output's logit z (times the multiplier and capped on the lm-head pass, then + R,
+// then stored to Y when given).
 __device__ __forceinline__ float sample_value(const SampleArgs& sa, float* Y, long long ldy,
                                               const float* R, long long ldr, long long row,
                                               long long tok, float v) {
     if (sa.apply_cap) {
+        v *= sa.params[3];  // exactly v when the multiplier is 1
         const float cap = sa.params[1];
         if (cap > 0.f) v = tanhf(v / cap) * cap;
     }

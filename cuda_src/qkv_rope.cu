@@ -1,5 +1,6 @@
 // The step after a fused q/k/v projection: add its split-K partial sums (in split order) and its
-// bias, RMSNorm each q and k head, rotate q and k with RoPE (NeoX rotate-half), and write q
+// bias, RMSNorm each q and k head, rotate q and k with RoPE (NeoX rotate-half, or GPT-J
+// interleaved pairs), and write q
 // heads to q_out, k heads and the raw v heads to the K/V cache rows. One warp per (row, head).
 // A plain (norm +) RoPE is the same kernel with n_split = 1 and only q heads.
 //
@@ -29,11 +30,14 @@ __device__ __forceinline__ void store_kv(bf16_bits* p, float v) {
 }
 
 // acc (hd floats in shared memory) -> dst: optional RMSNorm with weight nw, then RoPE at p.
+// Pair j (rotated by inv_freq[j]) is elements (j, j + hd/2) (NeoX rotate-half), or (2j, 2j + 1)
+// when interleaved (GPT-J).
 template <typename T>
 __device__ __forceinline__ void norm_rope_head(const float* acc, T* __restrict__ dst,
                                                const float* __restrict__ nw, int p,
                                                const float* __restrict__ inv_freq,
-                                               float rope_factor, int hd, float eps) {
+                                               float rope_factor, int hd, float eps,
+                                               int interleaved) {
     const int lane = threadIdx.x & 31;
     float ss = 0.f;
     for (int j = lane; j < hd; j += 32) ss = fmaf(acc[j], acc[j], ss);
@@ -41,18 +45,19 @@ __device__ __forceinline__ void norm_rope_head(const float* acc, T* __restrict__
     if (nw != nullptr) inv = 1.f / sqrtf(warp_sum(ss) / (float)hd + eps);
     const int half = hd >> 1;
     for (int j = lane; j < half; j += 32) {
-        float a = acc[j], b = acc[j + half];
+        const int ia = interleaved ? 2 * j : j, ib = interleaved ? 2 * j + 1 : j + half;
+        float a = acc[ia], b = acc[ib];
         if (nw != nullptr) {
-            a = (a * inv) * nw[j];
-            b = (b * inv) * nw[j + half];
+            a = (a * inv) * nw[ia];
+            b = (b * inv) * nw[ib];
         }
         const float ang = (float)p * inv_freq[j];
         float s, c;
         sincosf(ang, &s, &c);
         c *= rope_factor;
         s *= rope_factor;
-        store_kv(dst + j, a * c - b * s);
-        store_kv(dst + j + half, b * c + a * s);
+        store_kv(dst + ia, a * c - b * s);
+        store_kv(dst + ib, b * c + a * s);
     }
 }
 
@@ -61,7 +66,8 @@ __device__ __forceinline__ void qkv_norm_rope_impl(
     const float* src, long long ld_src, int n_split, long long split_stride, const float* bias,
     float* q_out, T* k_out, T* v_out, const int* row_base, long long row0, int ring,
     long long keep_from, const float* q_norm, const float* k_norm, const int* pos,
-    const float* inv_freq, float rope_factor, int rows, int n_q, int n_kv, int hd, float eps) {
+    const float* inv_freq, float rope_factor, int rows, int n_q, int n_kv, int hd, float eps,
+    int interleaved) {
     __shared__ float sum[QKV_WARPS][ROPE_MAX_HD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int heads = n_q + 2 * n_kv;
@@ -107,10 +113,10 @@ __device__ __forceinline__ void qkv_norm_rope_impl(
     const long long kv_ld = (long long)n_kv * hd;
     if (h < n_q) {
         norm_rope_head(acc, q_out + r * n_q * hd + (long long)h * hd, q_norm, pos[r], inv_freq,
-                       rope_factor, hd, eps);
+                       rope_factor, hd, eps, interleaved);
     } else if (h < n_q + n_kv) {
         norm_rope_head(acc, k_out + slot * kv_ld + (long long)(h - n_q) * hd, k_norm, pos[r],
-                       inv_freq, rope_factor, hd, eps);
+                       inv_freq, rope_factor, hd, eps, interleaved);
     } else {
         T* d = v_out + slot * kv_ld + (long long)(h - n_q - n_kv) * hd;
         for (int j = lane; j < hd; j += 32) store_kv(d + j, acc[j]);
@@ -123,8 +129,9 @@ __device__ __forceinline__ void qkv_norm_rope_impl(
              const float* bias, float* q_out, T* k_out, T* v_out, const int* row_base,        \
              long long row0, int ring, long long keep_from, const float* q_norm,              \
              const float* k_norm, const int* pos, const float* inv_freq, float rope_factor,   \
-             int rows, int n_q, int n_kv, int hd, float eps, const int* seq_slot,             \
-             long long slot_kv, long long seq_src, long long seq_q, long long seq_state) {    \
+             int rows, int n_q, int n_kv, int hd, float eps, int interleaved,                 \
+             const int* seq_slot, long long slot_kv, long long seq_src, long long seq_q,      \
+             long long seq_state) {                                                           \
         /* grid y = the batch's sequences: sequence y's src / q rows and positions at       \
            y * seq_src / seq_q / seq_state, its K/V in cache slot seq_slot[y] (y when null) \
            slot_kv elements apart; a single sequence is y = 0 (no offset) */                \
@@ -139,7 +146,7 @@ __device__ __forceinline__ void qkv_norm_rope_impl(
         if (v_out != nullptr) v_out += slot_ * slot_kv;                                       \
         qkv_norm_rope_impl<T>(src, ld_src, n_split, split_stride, bias, q_out, k_out, v_out,  \
                               row_base, row0, ring, keep_from, q_norm, k_norm, pos, inv_freq, \
-                              rope_factor, rows, n_q, n_kv, hd, eps);                         \
+                              rope_factor, rows, n_q, n_kv, hd, eps, interleaved);            \
     }
 QKV_ENTRY(qkv_norm_rope, float)           // f32 K/V cache (and the q-only norm + RoPE)
 QKV_ENTRY(qkv_norm_rope_bf16, bf16_bits)  // bf16 K/V cache

@@ -1,7 +1,7 @@
 // The draft step's token choice on the device: row argmax (ties -> lowest index), the finish of
 // the Gumbel-max sampling passes (linear.cu's SAMPLE epilogue writes per-block partials), the
-// draft distributions, the DSpark confidence head with survival, the Philox offset advance, and a
-// Philox fill for tests. Sampling arithmetic and the generator: sampling.cuh.
+// draft distributions, the DSpark confidence head with survival, a trimmed vocabulary's id map,
+// the Philox offset advance, and a Philox fill for tests. Sampling arithmetic and the generator: sampling.cuh.
 #include "sampling.cuh"
 
 // out[r] = argmax_j x[r * ldx + j], j < n.
@@ -105,6 +105,26 @@ extern "C" __global__ void confidence_head(const float* hidden, long long ldh, c
             a *= conf[k];
             surv[k] = a;
         }
+    }
+}
+
+// A trimmed draft vocabulary: tokens[i] (a draft id) becomes the target id tokens[i] +
+// d2t[tokens[i]] (vLLM's draft_id_to_target_id offsets), n tokens (one block).
+extern "C" __global__ void map_draft_ids(int* tokens, int n, const int* __restrict__ d2t) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) tokens[i] += d2t[tokens[i]];
+}
+
+// The draft distributions over the target's vocabulary: dst[r, t] = src[r, t2d[t]] where the
+// target id t has a draft id (t2d[t] >= 0), else 0; every element of dst is written.
+extern "C" __global__ void spread_probs(const float* __restrict__ src, long long lds,
+                                        const int* __restrict__ t2d, int rows, int vocab,
+                                        float* __restrict__ dst, long long ldd) {
+    const long long total = (long long)rows * vocab;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int r = (int)(i / vocab), t = (int)(i % vocab);
+        const int d = t2d[t];
+        dst[r * ldd + t] = d >= 0 ? src[r * lds + d] : 0.f;
     }
 }
 

@@ -6,6 +6,7 @@ GPU classes import lazily so the CPU parts work where CuPy is absent.
 """
 
 from .checkpoint import Checkpoint
+from .checks import FROM_CONFIG
 from .config import DflashCfg
 from .errors import (
     CapacityError,
@@ -45,6 +46,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "FROM_CONFIG",
     "Checkpoint",
     "DflashCfg",
     "RopeSpec",

@@ -42,6 +42,7 @@ import numpy as np
 from . import checks
 from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
 from .batch_round import PoolRounds
+from .checks import FROM_CONFIG
 from .draft_step import Proposal, check_flag, check_last, check_options
 from .errors import CapacityError, ShapeError
 from .ops import gemm
@@ -150,7 +151,7 @@ class BatchApi(DraftApi):
         *,
         rollback_to: Sequence[int | None] | None = None,
     ) -> None:
-        """The accepted rows' taps of several sequences (stacked [sum(counts), n_taps*hidden]
+        """The accepted rows' taps of several sequences (stacked [sum(counts), n_taps * tap_hidden]
         in slot order) become their ctx rows: one ctx_features pass over every row, then each
         sequence's ingest at its len, after rolling it back to rollback_to[i] when given (None
         for a sequence that keeps its len). All checks first."""
@@ -177,7 +178,7 @@ class BatchApi(DraftApi):
             ids, cnt, per = self._check_ragged(e, pool, ids, pos, counts, back)
             c = self.cfg
             total = sum(cnt)
-            x = checks.f32_rows(e, taps, "taps", total, c.n_taps * c.hidden)
+            x = checks.f32_rows(e, taps, "taps", total, c.tap_width)
             # The features as each sequence's own commit computes them: when every sequence
             # takes the decode linear (fewer than gemm.MIN_ROWS rows), one pass over all rows
             # on that path (its rows do not depend on the row count), else a pass per sequence.
@@ -286,7 +287,8 @@ class BatchApi(DraftApi):
         lasts: Any,
         *,
         temperature: float = 0.0,
-        logit_softcap: float | None = None,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
         want_probs: bool = False,
     ) -> list[Proposal]:
         """The draft step of each sequence of a batched round: hidden [B, b, hidden]
@@ -309,7 +311,7 @@ class BatchApi(DraftApi):
                 raise CapacityError(f"hidden: {n} sequences; a batch takes 1 to {MAX_BATCH}")
             rows = checks.f32_rows(e, hidden, "hidden", n * c.block_size, c.hidden)
             lm = self._draft_lm_head(e, lm_head)
-            check_options(temperature, logit_softcap)
+            check_options(c, temperature, logit_softcap, output_multiplier)
             check_flag(want_probs, "want_probs")
             if checks.is_device_array(lasts):
                 last = checks.int32_ids(e, lasts, "lasts", n)
@@ -320,7 +322,7 @@ class BatchApi(DraftApi):
                     raise ShapeError(f"lasts: expected {n} tokens, found {host.size}")
                 items = [int(t) for t in host]
                 for t in items:  # every check before the first step runs
-                    check_last(e, t, lm.out_features)
+                    check_last(e, t, self._last_vocab(lm))
             b, want = c.block_size, bool(want_probs)
             # every allocation before the first step (a failure must not leave the offset
             # advanced for some sequences): the workspace, and room for the n results
@@ -336,6 +338,7 @@ class BatchApi(DraftApi):
                         items[i],
                         temperature=temperature,
                         logit_softcap=logit_softcap,
+                        output_multiplier=output_multiplier,
                         want_probs=want_probs,
                     )
                     for i in range(n)

@@ -29,6 +29,7 @@ checkpoint (SPEC §1b); the GPU kernels have tighter limits of their own (envelo
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -121,6 +122,40 @@ def cfg_problems(cfg: Any) -> list[str]:
         problems.append(f"layer_types: {len(cfg.layer_sliding)} entries for {cfg.n_layer} layers")
     elif any(cfg.layer_sliding) and w is None:
         problems.append("sliding_window: missing (some layers slide)")
+    if cfg.is_causal is not None and not isinstance(cfg.is_causal, (bool, np.bool_)):
+        problems.append(f"is_causal: must be true, false or absent, found {brief(cfg.is_causal)}")
+    for field in ("attention_bias", "rope_interleaved", "swa_every_layer", "attention_sink"):
+        if not isinstance(getattr(cfg, field), (bool, np.bool_)):
+            problems.append(f"{field}: must be True or False, found {brief(getattr(cfg, field))}")
+    for field in ("input_embedding_scale", "output_multiplier", "logit_scale"):
+        if not _positive_finite(getattr(cfg, field)):
+            problems.append(
+                f"{field}: must be a finite number > 0, found {brief(getattr(cfg, field))}"
+            )
+    cap = cfg.final_logit_softcapping
+    if cap is not None and not (
+        _positive_finite(cap)
+        and float(np.finfo(np.float32).tiny) <= cap <= float(np.finfo(np.float32).max)
+    ):
+        problems.append(
+            f"final_logit_softcapping: must be None or a float32 normal > 0, found {brief(cap)}"
+        )
+    th = cfg.target_hidden
+    if th is not None and (not is_int(th) or not 1 <= th <= MAX_HIDDEN):
+        problems.append(
+            f"target_hidden_size: must be an integer in [1, {MAX_HIDDEN}], found {brief(th)}"
+        )
+    dv = cfg.draft_vocab
+    if dv is not None and (not is_int(dv) or not 1 <= dv <= MAX_TOKEN):
+        problems.append(
+            f"draft_vocab_size: must be an integer in [1, {MAX_TOKEN}], found {brief(dv)}"
+        )
+    rows = cfg.mask_embedding_rows
+    if not is_int(rows) or rows not in (0, 1, cfg.block_size - 1):
+        problems.append(
+            f"mask_embedding_rows: must be 0, 1 or block_size - 1 = {cfg.block_size - 1}, "
+            f"found {brief(rows)}"
+        )
     if cfg.has_markov and not cfg.markov_rank:
         problems.append(f"markov_rank: must be > 0 with a {cfg.markov_type} Markov head")
     try:
@@ -130,6 +165,15 @@ def cfg_problems(cfg: Any) -> list[str]:
     except ConfigError as exc:
         problems.append(f"rope: {exc}")
     return problems
+
+
+def _positive_finite(v: Any) -> bool:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return False
+    try:
+        return math.isfinite(float(v)) and float(v) > 0
+    except OverflowError:
+        return False
 
 
 def check_cfg(cfg: Any, source: str = "config") -> None:

@@ -41,6 +41,19 @@ GATE_W, GATE_B = "markov_head.gate_proj.weight", "markov_head.gate_proj.bias"
 JOINT_W, JOINT_B = "markov_head.joint_proj.weight", "markov_head.joint_proj.bias"
 CONF_W, CONF_B = "confidence_head.proj.weight", "confidence_head.proj.bias"
 EMBED, LM_HEAD = "embed_tokens.weight", "lm_head.weight"
+D2T = "d2t"  # a trimmed draft vocabulary's offsets: target id = draft id + d2t[draft id]
+D2T_DTYPES = ("I64", "I32")
+SINK = "self_attn.attention_sink_bias"  # per layer, [n_head]
+MASK_EMBEDDING_FILE = "mask_embedding.pt"
+# the name mask_embedding.pt's rows go by among a drafter's weights (not a checkpoint tensor)
+MASK_EMBEDDING = "mask_embedding"
+# Tensor names other exports use for the same tensors (vLLM's hf_to_vllm_mapper; Muse-Glimmer's
+# assistant calls its fc / hidden_norm the aux encoder's), renamed on open
+RENAMES = (
+    ("encoder.fc.", "fc."),
+    ("encoder.output_norm_enc.", "hidden_norm."),
+    ("midlayer.", "layers.0."),
+)
 
 LAYER_LINEARS = (
     "self_attn.q_proj",
@@ -62,6 +75,8 @@ ATTN_BIASES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self
 # error (a silently dropped bias or head computes something else). Anything else is foreign.
 # embed_tokens / lm_head are used when present, so an extra tensor of theirs (a bias) counts.
 _MATH_PREFIXES = (
+    "d2t",
+    "mask_embedding",
     "fc.",
     "norm.",
     "hidden_norm.",
@@ -78,7 +93,7 @@ def backbone_shapes(cfg: DflashCfg) -> dict[str, tuple[int, ...]]:
     """Every tensor the backbone must have, with its [out, in] (or [n]) shape."""
     h, hd = cfg.hidden, cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {
-        "fc.weight": (h, cfg.n_taps * h),
+        "fc.weight": (h, cfg.tap_width),
         "hidden_norm.weight": (h,),
         "norm.weight": (h,),
     }
@@ -99,6 +114,8 @@ def backbone_shapes(cfg: DflashCfg) -> dict[str, tuple[int, ...]]:
                 p + "post_attention_layernorm.weight": (h,),
             }
         )
+        if cfg.attention_sink:
+            shapes[p + SINK] = (cfg.n_head,)
         if cfg.attention_bias:
             shapes.update(
                 {
@@ -129,6 +146,8 @@ def head_shapes(cfg: DflashCfg) -> dict[str, tuple[int, ...]]:
     if cfg.confidence_head:
         width = h + r if cfg.confidence_with_markov else h
         shapes.update({CONF_W: (1, width), CONF_B: (1,)})
+    if cfg.draft_vocab is not None:  # the trimmed vocabulary's own head and its id map
+        shapes.update({LM_HEAD: (cfg.draft_vocab, h), D2T: (cfg.draft_vocab,)})
     return shapes
 
 
@@ -144,6 +163,10 @@ class Checkpoint:
         sizes: dict[Path, int] | None = None,
     ) -> None:
         self.path, self.cfg, self.tensors, self.unknown = path, cfg, tensors, unknown
+        # checkpoint names read under another name (RENAMES): new name -> the file's
+        self.renamed: dict[str, str] = {}
+        # mask_embedding.pt's rows as float32 [rows, hidden] (cfg.mask_embedding_rows), or None
+        self.mask_embedding: np.ndarray | None = None
         # file -> size when its header was read: a file that changed since is refused
         self._sizes = dict(sizes or {})
         self._handles: dict[Path, io.FileIO] = {}
@@ -159,8 +182,12 @@ class Checkpoint:
             raise CheckpointError(f"{path}: no config.json (not a checkpoint directory){why}")
         cfg = DflashCfg.load(path)
         tensors, sizes = read_headers(path, roots)
-        cfg, unknown = _validate(path, cfg, tensors)
-        return cls(path, cfg, tensors, unknown, sizes)
+        tensors, renamed = _renamed(path, tensors)
+        mask_rows = _mask_embedding(path, roots, cfg)
+        cfg, unknown = _validate(path, cfg, tensors, mask_rows)
+        ckpt = cls(path, cfg, tensors, unknown, sizes)
+        ckpt.renamed, ckpt.mask_embedding = renamed, mask_rows
+        return ckpt
 
     # -- inventory -------------------------------------------------------------------------
     def has(self, name: str) -> bool:
@@ -180,7 +207,8 @@ class Checkpoint:
 
     def used_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the drafter's math reads (backbone and heads; not the embed/lm_head
-        copies), with its shape: what ReferenceDraft.load reads."""
+        copies, except a trimmed vocabulary's own lm_head and d2t), with its shape: what
+        ReferenceDraft.load reads."""
         return {**backbone_shapes(self.cfg), **head_shapes(self.cfg)}
 
     # -- data --------------------------------------------------------------------------------
@@ -235,14 +263,88 @@ def _entry_of(info: TensorInfo) -> Entry:
     return Entry(info.dtype, info.shape, info.start, info.end)
 
 
+def _renamed(
+    path: Path, tensors: dict[str, TensorInfo]
+) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """The tensors under pydflash's names (RENAMES), and new name -> stored name; a name that
+    would arrive twice is refused."""
+    out: dict[str, TensorInfo] = {}
+    renamed: dict[str, str] = {}
+    problems = []
+    for name, info in tensors.items():
+        new = name
+        for old, repl in RENAMES:
+            if name.startswith(old):
+                new = repl + name[len(old) :]
+                break
+        if new in out:
+            problems.append(f"{name}: read as {new}, which the checkpoint also holds")
+            continue
+        if new != name:
+            renamed[new] = name
+            info = dataclasses.replace(info, name=new)
+        out[new] = info
+    if problems:
+        raise CheckpointError(collected(path, problems))
+    return out, renamed
+
+
+def _mask_embedding(path: Path, roots: list[Path], cfg: DflashCfg) -> np.ndarray | None:
+    """mask_embedding.pt beside config.json (vLLM / SGLang): a tensor of one row or a row per
+    MASK slot, bare or as {"embedding": ..., "mask_token_id": ...}, as float32 [rows, hidden];
+    None without the file."""
+    from . import torch_file
+
+    file, problem = confine(path, MASK_EMBEDDING_FILE, roots, ".pt")
+    if file is None:
+        if os.path.lexists(path / MASK_EMBEDDING_FILE):
+            raise CheckpointError(f"{path}: {problem}")
+        return None
+    if not file.is_file():
+        return None
+    obj = torch_file.load(file)
+    if isinstance(obj, dict):
+        extra = set(obj) - {"embedding", "mask_token_id"}
+        tid = obj.get("mask_token_id")
+        if extra or "embedding" not in obj:
+            raise CheckpointError(
+                f"{file}: expected a tensor or {{'embedding', 'mask_token_id'}}, found keys "
+                f"{sorted(map(str, obj))}"
+            )
+        if tid is not None and tid != cfg.mask_token_id:
+            raise CheckpointError(
+                f"{file}: mask_token_id {jsonio.brief(tid)} differs from the config's "
+                f"{cfg.mask_token_id}"
+            )
+        obj = obj["embedding"]
+    if not isinstance(obj, np.ndarray):
+        raise CheckpointError(f"{file}: expected a tensor, found {type(obj).__name__}")
+    rows = obj.reshape(1, -1) if obj.ndim == 1 else obj
+    b = cfg.block_size
+    if rows.ndim != 2 or rows.shape[1] != cfg.hidden or rows.shape[0] not in (1, b - 1):
+        raise CheckpointError(
+            f"{file}: expected [{cfg.hidden}], [1, {cfg.hidden}] or [{b - 1}, {cfg.hidden}] "
+            f"(one MASK row, or one a slot), found {list(obj.shape)}"
+        )
+    out = np.asarray(rows, np.float32)
+    if not np.isfinite(out).all():
+        raise CheckpointError(f"{file}: holds a non-finite value")
+    return out
+
+
 def _validate(
-    path: Path, cfg: DflashCfg, tensors: dict[str, TensorInfo]
+    path: Path,
+    cfg: DflashCfg,
+    tensors: dict[str, TensorInfo],
+    mask_rows: np.ndarray | None = None,
 ) -> tuple[DflashCfg, list[str]]:
     """Check shapes/dtypes, detect the optional heads, and reconcile them with the config."""
     problems: list[str] = []
     expected = backbone_shapes(cfg)
 
-    def check(name: str, shape: tuple[int | None, ...]) -> None:
+    def check(
+        name: str, shape: tuple[int | None, ...], dtypes: tuple[str, ...] = ACCEPTED_DTYPES
+    ) -> None:
         """Presence, shape (None: a vocabulary size no tensor or key gave) and dtype."""
         info = tensors.get(name)
         want = "[" + ", ".join("vocab" if d is None else str(d) for d in shape) + "]"
@@ -252,9 +354,9 @@ def _validate(
             d is not None and d != f for d, f in zip(shape, info.shape)
         ):
             problems.append(f"{name}: expected shape {want}, found {list(info.shape)}")
-        elif info.dtype not in ACCEPTED_DTYPES:
+        elif info.dtype not in dtypes:
             problems.append(
-                f"{name}: dtype {info.dtype} not supported (accepted: {', '.join(ACCEPTED_DTYPES)})"
+                f"{name}: dtype {info.dtype} not supported (accepted: {', '.join(dtypes)})"
             )
 
     for name, shape in expected.items():
@@ -307,12 +409,27 @@ def _validate(
     elif cfg.confidence_head:
         problems.append(f"{CONF_W}: missing (config enables the confidence head)")
 
+    if cfg.draft_vocab is not None:  # a trimmed vocabulary: its own head and id map
+        check(LM_HEAD, (cfg.draft_vocab, h))
+        check(D2T, (cfg.draft_vocab,), D2T_DTYPES)
+        known |= {LM_HEAD, D2T}
+    elif D2T in tensors:
+        problems.append(
+            f"{D2T}: a draft-to-target id map, but config.json sets no draft_vocab_size"
+        )
     for name in (EMBED, LM_HEAD):
-        if name in tensors:
+        if name in tensors and name not in known:
             if len(tensors[name].shape) == 2:
                 vocab = vocab or tensors[name].shape[0]
             check(name, (vocab, h))
             known.add(name)
+    if markov_type is not None and cfg.logit_scale != 1.0:
+        problems.append(
+            f"{MARKOV_W1}: a Markov head beside logit_scale {cfg.logit_scale:g} (vLLM scales "
+            "the Markov bias too, which this runtime does not implement)"
+        )
+    if markov_type is not None and cfg.draft_vocab is not None:
+        problems.append(f"{MARKOV_W1}: a Markov head with a trimmed draft vocabulary")
     for name in sorted(set(tensors) - known):
         if not changes_the_math(name):
             continue
@@ -341,6 +458,7 @@ def _validate(
             markov_rank=rank,
             confidence_head=confidence,
             confidence_with_markov=conf_markov,
+            mask_embedding_rows=0 if mask_rows is None else int(mask_rows.shape[0]),
         )
     except (TypeError, ValueError) as exc:  # pragma: no cover - replace() of a frozen dataclass
         raise ConfigError(f"{path}: {exc}") from None

@@ -30,6 +30,48 @@ INT32_MAX = np.iinfo(np.int32).max
 _F32 = np.finfo(np.float32)
 
 
+class _FromConfig:
+    """The default of an argument the checkpoint's config sets (DflashCfg: embed_scale =
+    input_embedding_scale, logit_softcap = final_logit_softcapping, output_multiplier); an
+    explicit value overrides it (None for logit_softcap: no cap)."""
+
+    def __repr__(self) -> str:
+        return "FROM_CONFIG"
+
+    def __reduce__(self) -> str:
+        return "FROM_CONFIG"
+
+
+FROM_CONFIG: Any = _FromConfig()
+
+
+def draft_scales(
+    cfg: DflashCfg, cap_arg: Any, output_multiplier: Any
+) -> tuple[float | None, float]:
+    """(cap or None, logit multiplier) of a draft step: the arguments (logit_softcap,
+    output_multiplier), or the config's values where they are FROM_CONFIG; checked by the
+    shared rules."""
+    cap = logit_softcap(cfg.final_logit_softcapping if cap_arg is FROM_CONFIG else cap_arg)
+    if output_multiplier is FROM_CONFIG:
+        return cap, float(cfg.logit_multiplier)
+    mult = _real(output_multiplier, "output_multiplier")
+    if not 0 < mult <= _F32.max:
+        raise ShapeError(
+            f"output_multiplier must be a finite number > 0, found {brief(output_multiplier)}"
+        )
+    return cap, mult
+
+
+def embed_scale(cfg: DflashCfg, value: Any) -> float:
+    """The block embeddings' scale: the argument, or input_embedding_scale when FROM_CONFIG."""
+    if value is FROM_CONFIG:
+        return float(cfg.input_embedding_scale)
+    v = _real(value, "embed_scale")
+    if abs(v) > _F32.max:
+        raise ShapeError(f"embed_scale must be a finite float32, found {brief(value)}")
+    return v
+
+
 def require_runtime(e: Any, name: str = "e") -> Runtime:
     """The engine argument of a GPU entry point, or a ShapeError naming it."""
     from .runtime import Runtime

@@ -15,16 +15,21 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from . import bounds, jsonio, rope
+from . import bounds, jsonio, known_drafters, rope
 from .config_parse import (
     BONUS_ANCHOR,
     HIDDEN_ACTS,
     MARKOV_TYPES,
+    NON_CAUSAL_ARCHITECTURES,
     SAMPLE_FROM_ANCHOR,
     Parser,
     parse_causal,
+    parse_flag_nested,
     parse_layer_types,
     parse_layout,
+    parse_scales,
+    parse_sink,
+    parse_swa,
     refuse_unimplemented,
 )
 from .errors import ConfigError
@@ -73,8 +78,43 @@ class DflashCfg:
     rope: tuple[RopeSpec, ...] = ()
     # q/k/v/o projections carry a bias, added right after each projection
     attention_bias: bool = False
-    # a block row attends to every ctx row but only to block rows at or before it
-    is_causal: bool = False
+    # The config's explicit `is_causal` (top level, or dflash_config.is_causal / .causal): True
+    # or False sets every layer; None (absent) is the reference's default, a sliding layer
+    # causal and a full layer not. `layer_causal` gives the per-layer result.
+    is_causal: bool | None = None
+    # The checkpoint's own scales (z-lab's generate loop and compute_logits; dflash_config
+    # first, then the top level): the block's embedding rows are the target's raw table rows
+    # times input_embedding_scale; the draft logits are lm_head(h) * output_multiplier, then
+    # soft-capped c * tanh(x / c) by final_logit_softcapping (None: no cap). Explicit
+    # arguments of propose / draft override them. embed_scale_source says where
+    # input_embedding_scale came from ("config", "default", or a known drafter's entry).
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    # vLLM's v1 logit_scale: the logits are multiplied by it too (never beside a cap or a
+    # Markov head, where the runtimes disagree on the order)
+    logit_scale: float = 1.0
+    embed_scale_source: str = "default"
+    # The target's hidden size when it differs from the drafter's (vLLM's target_hidden_size):
+    # fc takes n_taps * target_hidden inputs. None: the drafter's hidden.
+    target_hidden: int | None = None
+    # RoPE pairs: False rotates halves (NeoX, rotate-half: j with j + hd/2), True adjacent
+    # elements (GPT-J: 2j with 2j + 1; vLLM's is_neox_style: false)
+    rope_interleaved: bool = False
+    # Every layer slides by vLLM's dflash_config.use_swa (layer_types named no sliding layer):
+    # those layers stay non-causal unless is_causal says otherwise
+    swa_every_layer: bool = False
+    # A learned sink logit per query head in every layer's softmax denominator (vLLM's
+    # dflash_config.attention_sink_bias / add_swa_attention_sink_bias), tensors
+    # layers.N.self_attn.attention_sink_bias [n_head]
+    attention_sink: bool = False
+    # A trimmed draft vocabulary (vLLM's draft_vocab_size with a d2t table): the checkpoint's
+    # lm_head has draft_vocab rows and the draft step returns target ids, d2t[i] + i. None: the
+    # full vocabulary.
+    draft_vocab: int | None = None
+    # A learned MASK embedding (mask_embedding.pt beside config.json, vLLM / SGLang's MiMo
+    # convention): 0 none; 1 one row for every MASK slot; block_size - 1 one row a slot
+    mask_embedding_rows: int = 0
 
     def __post_init__(self) -> None:
         if not bounds.is_int(self.n_layer) or not 1 <= self.n_layer <= bounds.MAX_LAYERS:
@@ -91,6 +131,21 @@ class DflashCfg:
     @property
     def n_taps(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def logit_multiplier(self) -> float:
+        """What the draft logits are multiplied by before the soft-cap."""
+        return self.output_multiplier * self.logit_scale
+
+    @property
+    def tap_hidden(self) -> int:
+        """Width of one tapped target hidden state (fc's input is n_taps of them)."""
+        return self.hidden if self.target_hidden is None else self.target_hidden
+
+    @property
+    def tap_width(self) -> int:
+        """Width of one row of taps: n_taps * tap_hidden."""
+        return self.n_taps * self.tap_hidden
 
     @property
     def q_dim(self) -> int:
@@ -125,6 +180,21 @@ class DflashCfg:
         if self.rope_type == "linear" or self.rope_scale != 1.0:
             return RopeSpec("linear", self.rope_theta, factor=self.rope_scale)
         return RopeSpec(self.rope_type, self.rope_theta)
+
+    @property
+    def layer_causal(self) -> tuple[bool, ...]:
+        """Per layer: whether a block row sees only the block rows at or before it (every ctx
+        row stays visible, subject to the window). z-lab's `Qwen3DFlashAttention`: an explicit
+        `is_causal` for every layer, else causal exactly where the layer slides."""
+        if self.is_causal is not None:
+            return (bool(self.is_causal),) * len(self.layer_sliding)
+        if self.swa_every_layer:  # vLLM: use_swa windows every layer but causes none
+            return (False,) * len(self.layer_sliding)
+        return tuple(bool(s) for s in self.layer_sliding)
+
+    def causal_of(self, layer: int) -> bool:
+        """Whether `layer` masks the block causally (see layer_causal)."""
+        return self.layer_causal[layer]
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of `layer`, or None when it attends to everything."""
@@ -209,6 +279,9 @@ class DflashCfg:
             n_layer,
             p.problem,
         )
+        sliding_window, layer_sliding, swa_every = parse_swa(
+            p, raw, nested, sliding_window, layer_sliding, bounds.MAX_WINDOW
+        )
         if head_dim is not None and head_dim % 2 == 0:
             for spec in dict.fromkeys(rope_specs):  # each distinct spec once, in layer order
                 try:
@@ -217,6 +290,16 @@ class DflashCfg:
                     p.problem("rope", str(exc))
         attention_bias = bool(p.flag("attention_bias", default=False))
         is_causal = parse_causal(p, raw, nested)
+        target_hidden = p.integer("target_hidden_size", 1, bounds.MAX_HIDDEN, default=None)
+        if target_hidden == hidden:
+            target_hidden = None
+        neox = parse_flag_nested(p, raw, nested, "is_neox_style", True)
+        sink = parse_sink(p, raw, nested)
+        draft_vocab = p.integer("draft_vocab_size", 1, bounds.MAX_TOKEN, default=None)
+        if draft_vocab is not None and vocab is not None and draft_vocab == vocab:
+            draft_vocab = None
+        if draft_vocab is not None and vocab is not None and draft_vocab > vocab:
+            p.problem("draft_vocab_size", f"{draft_vocab} exceeds vocab_size {vocab}")
 
         markov_rank = p.integer("markov_rank", 0, bounds.MAX_MARKOV_RANK, default=0)
         markov_type = raw.get("markov_head_type")
@@ -240,6 +323,17 @@ class DflashCfg:
             architectures = []
         layout = parse_layout(p, architectures)
         refuse_unimplemented(p, raw, nested, architectures, hidden)
+        if is_causal is None and any(a in NON_CAUSAL_ARCHITECTURES for a in architectures):
+            is_causal = False
+        embed_scale, multiplier, softcap, logit_scale = parse_scales(
+            p, raw, nested, markov_type is not None
+        )
+        if draft_vocab is not None and markov_type is not None:
+            p.problem(
+                "draft_vocab_size",
+                f"{draft_vocab} with a Markov head: a trimmed vocabulary's chain is not "
+                "implemented",
+            )
 
         if mask_token_id is not None and vocab is not None and mask_token_id >= vocab:
             p.problem("mask_token_id", f"{mask_token_id} is not below vocab_size {vocab}")
@@ -247,7 +341,7 @@ class DflashCfg:
         # every required value is set once no problem was reported
         assert target_ids is not None and rope_specs
         r0 = rope_specs[0]
-        return cls(
+        cfg = cls(
             hidden=hidden,
             n_head=n_head,
             n_kv=n_kv,
@@ -274,7 +368,16 @@ class DflashCfg:
             rope=rope_specs,
             attention_bias=attention_bias,
             is_causal=is_causal,
+            output_multiplier=multiplier,
+            final_logit_softcapping=softcap,
+            logit_scale=logit_scale,
+            target_hidden=target_hidden,
+            rope_interleaved=not neox,
+            swa_every_layer=swa_every,
+            attention_sink=sink,
+            draft_vocab=draft_vocab,
         )
+        return known_drafters.with_embed_scale(cfg, embed_scale)
 
 
 def _llama3_fields(spec: RopeSpec) -> tuple[float, float, float] | None:

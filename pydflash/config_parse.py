@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from .errors import ConfigError, collected
 from .jsonio import brief
 
@@ -64,6 +66,16 @@ class Parser:
             return None
         if v > hi:  # brief: huge values are shown by their size
             self.problem(key, f'must be <= {hi} (README "Bounds"), found {brief(v)}')
+            return None
+        return v
+
+    def integer_value(self, where: str, v: Any, lo: int, hi: int) -> int | None:
+        """`v` (read by the caller at `where`) as an integer in [lo, hi], or None after
+        reporting the problem."""
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            self.problem(where, f"must be an integer in [{lo}, {hi}], found {brief(v)}")
             return None
         return v
 
@@ -159,10 +171,11 @@ def parse_layout(p: Parser, architectures: list[str]) -> str:
     return BONUS_ANCHOR
 
 
-def parse_causal(p: Parser, raw: dict[str, Any], nested: dict[str, Any]) -> bool:
-    """`is_causal` (top level, or in dflash_config), or vLLM's `dflash_config.causal`: a true
-    value masks block rows after the query inside the block (vLLM's _dflash_layer_causal lets
-    the top-level key win; two keys that disagree are refused rather than guessed)."""
+def parse_causal(p: Parser, raw: dict[str, Any], nested: dict[str, Any]) -> bool | None:
+    """`is_causal` (top level, as z-lab reads it; or in dflash_config), or vLLM's
+    `dflash_config.causal`: the value every layer takes, or None when no key is given (then a
+    sliding layer is causal and a full one is not: DflashCfg.layer_causal). Two keys that
+    disagree are refused rather than guessed."""
     found = {
         name: p.flag(key, None, src, name)
         for name, key, src in (
@@ -174,23 +187,146 @@ def parse_causal(p: Parser, raw: dict[str, Any], nested: dict[str, Any]) -> bool
     given = {k: v for k, v in found.items() if v is not None}
     if len(set(given.values())) > 1:
         p.problem("is_causal", f"the causality keys disagree: {given}")
-    return bool(next(iter(given.values()), False))
+    value = next(iter(given.values()), None)
+    return None if value is None else bool(value)
 
 
 # keys (top level or in dflash_config) whose value changes the math, with the value that is
 # the plain DFlash behaviour implemented here; anything else is refused, never ignored
 _NEUTRAL = {
-    "input_embedding_scale": 1,
-    "output_multiplier": 1,
     "use_aux_hidden_state": True,
-    "is_neox_style": True,
     "mlp_bias": False,
-    "use_swa": False,
-    "attention_sink_bias": False,
-    "add_swa_attention_sink_bias": False,
 }
 # DFlash2 (conv + candidate selector) keys: any value is a head this runtime does not have
 _DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# architectures whose published configs leave `is_causal` out but whose every layer is
+# bidirectional: Muse-Glimmer-30B's assistant has 5 sliding layers trained non-causally (SGLang's
+# MuseGlimmerAssistantConfig and z-lab's MLX adapter both force is_causal = False for it)
+NON_CAUSAL_ARCHITECTURES = ("MuseGlimmerAssistantModel",)
+
+
+def draft_value(raw: dict[str, Any], nested: dict[str, Any], key: str) -> tuple[str, Any]:
+    """(where, value) of a DFlash key as z-lab's `_draft_value` reads it: dflash_config first,
+    then the top level; ("", None) when neither has it."""
+    if nested.get(key) is not None:
+        return f"dflash_config.{key}", nested[key]
+    if raw.get(key) is not None:
+        return key, raw[key]
+    return "", None
+
+
+def _positive(p: Parser, where: str, v: Any, hi: float = 1e30) -> float | None:
+    """A finite real number in (0, hi], or None after reporting the problem."""
+    try:
+        f = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f) or not 0 < f <= hi:
+        p.problem(where, f"must be a finite number in (0, {hi:g}], found {brief(v)}")
+        return None
+    return f
+
+
+def parse_scales(
+    p: Parser, raw: dict[str, Any], nested: dict[str, Any], has_markov: bool
+) -> tuple[float | None, float, float | None, float]:
+    """The checkpoint's own scales (z-lab's generate loop and compute_logits):
+    (input_embedding_scale or None when absent, output_multiplier, final_logit_softcapping or
+    None, logit_scale). The draft logits are lm_head(h) * output_multiplier, then soft-capped;
+    vLLM's v1 `logit_scale` multiplies them too, refused where the two runtimes would disagree
+    (a cap or a Markov bias beside it)."""
+    where, v = draft_value(raw, nested, "input_embedding_scale")
+    embed = _positive(p, where, v) if where else None
+    where, v = draft_value(raw, nested, "output_multiplier")
+    mult = (_positive(p, where, v) if where else 1.0) or 1.0
+    where, v = draft_value(raw, nested, "final_logit_softcapping")
+    cap = None
+    if where:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0:
+            cap = None  # z-lab: a cap applies only when > 0
+        else:
+            cap = _positive(p, where, v, hi=float(np.finfo(np.float32).max))
+            if cap is not None and cap < float(np.finfo(np.float32).tiny):
+                p.problem(where, f"{cap:g} is below the float32 normals")
+                cap = None
+    where, v = draft_value(raw, nested, "logit_scale")
+    scale: float | None = 1.0
+    if where:
+        scale = _positive(p, where, v)
+        if scale is not None and scale != 1.0:
+            if cap is not None:
+                p.problem(
+                    where,
+                    f"{brief(v)} beside final_logit_softcapping {cap:g}: vLLM scales after the "
+                    "cap, z-lab multiplies before it; refused rather than guessed",
+                )
+            elif has_markov:
+                p.problem(
+                    where,
+                    f"{brief(v)} with a Markov head: vLLM scales the Markov bias too, which "
+                    "this runtime does not implement",
+                )
+    return embed, mult, cap, scale or 1.0
+
+
+def parse_swa(
+    p: Parser,
+    raw: dict[str, Any],
+    nested: dict[str, Any],
+    window: int | None,
+    sliding: list[bool],
+    max_window: int,
+) -> tuple[int | None, list[bool], bool]:
+    """vLLM's draft-only window (`_resolve_layer_attention`): dflash_config.use_swa makes every
+    layer slide when layer_types names no sliding layer (those layers stay non-causal: the
+    causal default follows layer_types); the window is dflash_config.swa_window_size, else
+    sliding_window. Returns (window, per-layer sliding, every-layer-by-use_swa)."""
+    use_swa = p.flag("use_swa", None, nested, "dflash_config.use_swa")
+    if use_swa is None:
+        use_swa = p.flag("use_swa", False, raw, "use_swa")
+    swa_size = nested.get("swa_window_size")
+    if swa_size is not None:
+        swa_size = p.integer_value("dflash_config.swa_window_size", swa_size, 1, max_window)
+    if swa_size is not None and window is not None and swa_size != window:
+        p.problem(
+            "dflash_config.swa_window_size",
+            f"{swa_size} differs from sliding_window {window}: vLLM takes the first, z-lab "
+            "the second; refused rather than guessed",
+        )
+    by_swa = bool(use_swa) and not any(sliding)
+    if by_swa:
+        w = swa_size if swa_size is not None else window
+        if w is None:
+            w = p.integer("sliding_window", 1, max_window)  # reports it missing
+        return w, [True] * len(sliding), True
+    return window, sliding, False
+
+
+def parse_flag_nested(
+    p: Parser, raw: dict[str, Any], nested: dict[str, Any], key: str, default: bool
+) -> bool:
+    """A true/false DFlash key, dflash_config first, then the top level."""
+    v = p.flag(key, None, nested, f"dflash_config.{key}")
+    return bool(p.flag(key, default, raw) if v is None else v)
+
+
+def parse_sink(p: Parser, raw: dict[str, Any], nested: dict[str, Any]) -> bool:
+    """Whether every layer has a learned attention sink logit per head: vLLM reads
+    dflash_config.attention_sink_bias, else the top-level add_swa_attention_sink_bias (MiMo's
+    name; despite it, every layer gets one); the top-level attention_sink_bias counts too.
+    Keys that disagree are refused."""
+    found = {
+        name: p.flag(key, None, src, name)
+        for name, key, src in (
+            ("dflash_config.attention_sink_bias", "attention_sink_bias", nested),
+            ("add_swa_attention_sink_bias", "add_swa_attention_sink_bias", raw),
+            ("attention_sink_bias", "attention_sink_bias", raw),
+        )
+    }
+    given = {k: v for k, v in found.items() if v is not None}
+    if len(set(given.values())) > 1:
+        p.problem("attention_sink_bias", f"the sink keys disagree: {given}")
+    return bool(next(iter(given.values()), False))
 
 
 def refuse_unimplemented(
@@ -214,20 +350,6 @@ def refuse_unimplemented(
         for key, neutral in _NEUTRAL.items():
             if d.get(key) is not None and d[key] != neutral:
                 p.problem(where + key, f"{brief(d[key])} is not implemented (only {neutral!r})")
-    window = nested.get("swa_window_size")
-    if window is not None and window != raw.get("sliding_window"):
-        p.problem(
-            "dflash_config.swa_window_size",
-            f"{brief(window)} differs from sliding_window "
-            f"{brief(raw.get('sliding_window'))}; a separate draft window is not implemented",
-        )
     act = raw.get("hidden_act")  # what the Qwen3 MLP of every DFlash runtime reads
     if act is not None and act not in HIDDEN_ACTS:
         p.problem("hidden_act", f"{brief(act)} is not implemented (only {', '.join(HIDDEN_ACTS)})")
-    target_hidden = raw.get("target_hidden_size")
-    if target_hidden is not None and hidden is not None and target_hidden != hidden:
-        p.problem(
-            "target_hidden_size",
-            f"{brief(target_hidden)} differs from hidden_size {hidden}; "
-            "fc expects the target's hidden size to equal the drafter's",
-        )

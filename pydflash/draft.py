@@ -59,11 +59,17 @@ class DflashDraft(BatchApi):
         precision: str = "bf16",
         cuda_graphs: bool = True,
         confidence: ConfidenceHead | None = None,
+        vocab_map: tuple[Any, Any] | None = None,
+        mask_rows: Any = None,
     ) -> None:
         self.cfg, self.layers, self.fc = cfg, layers, fc
         self.hidden_norm, self.norm, self.markov = hidden_norm, norm, markov
         self.embed, self.lm_head, self.precision = embed, lm_head, precision
         self.confidence = confidence
+        # a trimmed vocabulary's id maps (int32 d2t [draft_vocab]: target = draft + d2t[draft],
+        # t2d [vocab]: the draft id of a target id or -1) and mask_embedding.pt's rows (f32
+        # [1 or b - 1, hidden]), or None
+        self.vocab_map, self.mask_rows = vocab_map, mask_rows
         self.device, self.stream_ptr = e.ordinal, e.stream.ptr  # buffers ordered on it
         with e.ordered():
             self._buf = RoundBuffers(e, cfg, layers[0])
@@ -106,7 +112,8 @@ class DflashDraft(BatchApi):
     def reference_weights(self) -> dict[str, np.ndarray]:
         """Host float32 copies of every device weight, un-fused, under checkpoint names."""
         parts = (self.layers, self.fc, self.hidden_norm, self.norm, self.markov, self.confidence)
-        return host_weights(self.cfg, *parts)
+        d2t = None if self.vocab_map is None else self.vocab_map[0]
+        return host_weights(self.cfg, *parts, d2t, self.mask_rows)
 
     def _check(self, e: Engine, kv: DflashKv | None = None) -> None:
         checks.same_engine(e, self.device, self.stream_ptr)
@@ -115,14 +122,14 @@ class DflashDraft(BatchApi):
 
     # -- the data flow -----------------------------------------------------------------------
     def ctx_features(self, e: Engine, taps: Any, t: int, *, big: bool | None = None) -> Any:
-        """hidden_norm(fc(taps)): taps [t, n_taps*hidden] -> new [t, hidden]. big: the tiled
+        """hidden_norm(fc(taps)): taps [t, n_taps * tap_hidden] -> new [t, hidden]. big: the tiled
         GEMM (True) or the decode linear, whose rows do not depend on t (False); None: the
         GEMM from gemm.MIN_ROWS rows."""
         checks.require_runtime(e)
         with e.ordered():
             self._check(e)
             c = self.cfg
-            x = checks.f32_rows(e, taps, "taps", checks.count(t, "t"), c.n_taps * c.hidden)
+            x = checks.f32_rows(e, taps, "taps", checks.count(t, "t"), c.tap_width)
             out = e.empty((t, c.hidden))
             if t:
                 if big is None:  # many rows: the tiled GEMM, one partial
@@ -225,6 +232,7 @@ class DflashDraft(BatchApi):
                         row0=row,
                         ring=rings[li],
                         keep_from=keep[li],
+                        interleaved=c.rope_interleaved,
                     )
             kv.commit(t)
 
@@ -335,6 +343,7 @@ class DflashDraft(BatchApi):
                 rope_factor=buf.rope_factor[li],
                 ring=kv.layer_ring(li, c),
                 seqs=seqs(li),
+                interleaved=c.rope_interleaved,
             )
             attention.attend(
                 e,
@@ -354,12 +363,13 @@ class DflashDraft(BatchApi):
                 n_keys_base=length,
                 max_keys=kv.cap + b,
                 exact=self.precision == "f32",
-                causal=c.is_causal,
+                causal=c.causal_of(li),
                 ring=kv.layer_ring(li, c),
                 key_window=kv.layer_keys(li, c),
                 seqs=seqs(li),
                 rounded=batch is not None and batch.scratch is not None,  # bf16 activations
                 out_b=attn_b,
+                sink=layer.sink,
             )
             # x += o(attn) + o_bias; xn = post_attention_layernorm(x)
             project(e, layer.o, buf.attn, m, buf.x_part, ksplit=buf.ks_o, split_stride=x_stride)

@@ -2,8 +2,10 @@
 their draft probabilities, optionally the full draft distributions, and the DSpark confidence.
 
 Semantics (SPEC §6, §6b; pydflash.reference.ReferenceDraft.draft is the oracle):
-- z_k = softcap(lm_head . h_k) + Markov bias(prev_k), the chain run left to right, prev_k the
-  token just chosen for the slot before (the token before the first draft row: `last`);
+- z_k = softcap(lm_head . h_k * multiplier) + Markov bias(prev_k), the chain run left to
+  right, prev_k the token just chosen for the slot before (the token before the first draft
+  row: `last`); multiplier and cap default to the checkpoint's (output_multiplier,
+  final_logit_softcapping);
 - greedy (T = 0): token = argmax z_k (ties: the lowest index), q = 1.0 (a point mass), probs
   one-hot when asked;
 - T > 0: token = argmax_j (z_kj / T + g_kj), the Gumbel-max rule, g = -log(-log u) with u the
@@ -12,7 +14,10 @@ Semantics (SPEC §6, §6b; pydflash.reference.ReferenceDraft.draft is the oracle
   online (max, sum-exp) of the same pass; after the step the offset advances by one on the
   device. Fed the same uniforms, the reference returns the same tokens;
 - confidence c_k = sigmoid(w . [h_k ; W1[prev_k]] + b) (or w . h_k + b), survival
-  a_k = prod_{i<=k} c_i, when the checkpoint has a confidence head.
+  a_k = prod_{i<=k} c_i, when the checkpoint has a confidence head;
+- a trimmed vocabulary (draft_vocab_size, d2t) drafts over its own lm_head's rows and returns
+  target ids, draft id + d2t[draft id]; the distributions come spread over the target's
+  vocabulary (zero where no draft id lands).
 
 Fusion: without a Markov head, one lm-head pass over all draft rows streams its logits into
 per-block Gumbel-max partials (linear.cu's SAMPLE epilogue) and a finish kernel picks the token
@@ -68,15 +73,19 @@ class _Workspace:
     part_idx: Any  # int32 [blocks, n_drafts]
     logits: Any = None  # f32 [n_drafts, V]
     probs: Any = None  # f32 [n_drafts, V]
+    target_probs: Any = None  # f32 [n_drafts, vocab_size]: a trimmed vocabulary's, spread
 
 
-def check_options(temperature: Any, logit_softcap: Any) -> tuple[float, float]:
-    """(T, cap) as the kernels read them, checked by the shared rules (pydflash.checks, as
-    the reference checks them): T >= 0 finite (0 = greedy), cap a float32 normal > 0 or None
-    (stored as 0 = no cap)."""
+def check_options(
+    cfg: DflashCfg, temperature: Any, logit_softcap: Any, output_multiplier: Any
+) -> tuple[float, float, float]:
+    """(T, cap, multiplier) as the kernels read them, checked by the shared rules
+    (pydflash.checks, as the reference checks them): T >= 0 finite (0 = greedy), cap a float32
+    normal > 0 or None (stored as 0 = no cap), multiplier > 0; cap and multiplier FROM_CONFIG
+    take the checkpoint's (final_logit_softcapping, output_multiplier * logit_scale)."""
     t = checks.temperature(temperature)
-    cap = checks.logit_softcap(logit_softcap)
-    return t, 0.0 if cap is None else cap
+    cap, mult = checks.draft_scales(cfg, logit_softcap, output_multiplier)
+    return t, 0.0 if cap is None else cap, mult
 
 
 def check_flag(value: Any, name: str) -> bool:
@@ -122,8 +131,10 @@ class DraftStep:
     """The draft step's device buffers, allocated once per drafter, and its kernel sequence.
 
     `io` (int32 words) holds what one call reads and writes: [last, tokens (n_drafts) | q |
-    confidence | survival (f32, n_drafts each) | T, cap, embed_scale, 0 (f32)]; `rng` holds
-    (seed lo, seed hi, offset lo, offset hi)."""
+    confidence | survival (f32, n_drafts each) | T, cap, embed_scale, logit multiplier
+    (f32)]; `rng` holds (seed lo, seed hi, offset lo, offset hi). vocab_map: a trimmed
+    vocabulary's (d2t, t2d) device tables (int32: target = draft + d2t[draft]; t2d[target] =
+    its draft id or -1), or None."""
 
     def __init__(
         self,
@@ -131,8 +142,10 @@ class DraftStep:
         cfg: DflashCfg,
         markov: MarkovHead | None,
         confidence: ConfidenceHead | None = None,
+        vocab_map: tuple[Any, Any] | None = None,
     ) -> None:
         self.cfg, self.markov, self.confidence = cfg, markov, confidence
+        self.vocab_map = vocab_map
         nd = self.nd = len(cfg.draft_rows())
         self.io = rt.upload(np.zeros(4 * nd + 5, np.int32))
         f = self.io.view(np.float32)
@@ -142,7 +155,7 @@ class DraftStep:
             f[2 * nd + 1 : 3 * nd + 1],
             f[3 * nd + 1 : 4 * nd + 1],
         )
-        self.params = f[4 * nd + 1 :]  # T, cap, embed_scale, 0
+        self.params = f[4 * nd + 1 :]  # T, cap, embed_scale, logit multiplier
         self.stats = rt.empty(2 * nd, np.float32)  # per slot the normaliser (max, sum-exp)
         self.rng = rt.upload(philox.state_words(0, 0))
         self._ws: dict[int, _Workspace] = {}
@@ -154,11 +167,21 @@ class DraftStep:
             self.markov_u = rt.empty((1, r))
 
     # -- per-call state (host -> device, before the kernels) -------------------------------
-    def stage(self, rt: Runtime, last: Any, temperature: float, cap: float, scale: float) -> None:
+    def stage(
+        self,
+        rt: Runtime,
+        last: Any,
+        temperature: float,
+        cap: float,
+        scale: float,
+        multiplier: float = 1.0,
+    ) -> None:
         """Queue this call's values into `io` (one staging copy): `last` a host int32 or a
-        device int32 [1] (copied on the device), T, the soft-cap (0 = none), embed_scale."""
+        device int32 [1] (copied on the device), T, the soft-cap (0 = none), embed_scale and
+        the logit multiplier."""
         host = np.zeros(self.io.size, np.int32)
-        host.view(np.float32)[4 * self.nd + 1 : 4 * self.nd + 4] = (temperature, cap, scale)
+        values = (temperature, cap, scale, multiplier)
+        host.view(np.float32)[4 * self.nd + 1 : 4 * self.nd + 5] = values
         device_last = checks.is_device_array(last)
         if not device_last:
             host[0] = last
@@ -168,6 +191,10 @@ class DraftStep:
 
     def set_rng(self, rt: Runtime, seed: int, offset: int) -> None:
         rt.copy_from_host(self.rng, philox.state_words(seed, offset))
+
+    def trimmed(self, lm: GpuTensor) -> bool:
+        """Whether a step over `lm` maps ids through d2t: a trimmed vocabulary's own head."""
+        return self.vocab_map is not None and lm.out_features == self.cfg.draft_vocab
 
     def workspace(self, rt: Runtime, vocab: int, want_probs: bool) -> _Workspace:
         """The buffers of vocabulary size `vocab` (allocated on first use, so never while a
@@ -182,6 +209,10 @@ class DraftStep:
             ws.logits = rt.empty((self.nd, vocab), np.float32)
         if ws.probs is None and want_probs:
             ws.probs = rt.empty((self.nd, vocab), np.float32)
+        full = self.cfg.vocab_size
+        trimmed = self.vocab_map is not None and vocab == self.cfg.draft_vocab
+        if ws.target_probs is None and want_probs and trimmed and full:
+            ws.target_probs = rt.empty((self.nd, full), np.float32)
         return ws
 
     # -- the kernels (nothing here reads a per-call value on the host) ---------------------
@@ -254,6 +285,12 @@ class DraftStep:
             sampling.confidence(
                 rt, h, ch.w, ch.b, w1, self.ids, nd, cfg.hidden, rank, self.conf, self.surv
             )
+        if self.trimmed(lm):  # draft ids -> target ids (no chain reads them: no Markov head)
+            assert self.vocab_map is not None and cfg.vocab_size is not None
+            d2t, t2d = self.vocab_map
+            sampling.map_draft_ids(rt, self.ids[1:], nd, d2t)
+            if want_probs:
+                sampling.spread_probs(rt, ws.probs, t2d, nd, cfg.vocab_size, ws.target_probs)
         sampling.rng_advance(rt, self.rng, self.params)
 
     def markov_input(self, rt: Runtime, h_row: Any, prev: Any, first: bool) -> Any:
@@ -283,15 +320,20 @@ class DraftStep:
 
     # -- results ----------------------------------------------------------------------------
     def result(self, vocab: int, want_probs: bool) -> Proposal:
-        """The last step's results as new device arrays (one copy of io, one of probs)."""
+        """The last step's results as new device arrays (one copy of io, one of probs: over
+        the target's vocabulary for a trimmed one)."""
         nd = self.nd
         out = self.io[: 4 * nd + 1].copy()
         f = out.view(np.float32)
         conf = self.confidence is not None
+        ws = self._ws[vocab]
+        probs = None
+        if want_probs:
+            probs = (ws.target_probs if ws.target_probs is not None else ws.probs).copy()
         return Proposal(
             tokens=out[1 : nd + 1],
             q=f[nd + 1 : 2 * nd + 1],
-            probs=self._ws[vocab].probs.copy() if want_probs else None,
+            probs=probs,
             confidence=f[2 * nd + 1 : 3 * nd + 1] if conf else None,
             survival=f[3 * nd + 1 : 4 * nd + 1] if conf else None,
         )

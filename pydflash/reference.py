@@ -17,14 +17,18 @@ from . import bounds, checks, philox, rope, speculative
 from .checkpoint import (
     CONF_B,
     CONF_W,
+    D2T,
     GATE_B,
     GATE_W,
     JOINT_B,
     JOINT_W,
     MARKOV_W1,
     MARKOV_W2,
+    MASK_EMBEDDING,
+    SINK,
     Checkpoint,
 )
+from .checks import FROM_CONFIG
 from .config import DflashCfg
 from .errors import ShapeError
 from .kv import kv_dtype as kv_dtype_arg
@@ -59,16 +63,28 @@ def cfg_inv_freq(cfg: DflashCfg) -> np.ndarray:
 
 
 def rope_neox(
-    x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, factor: float = 1.0
+    x: np.ndarray,
+    pos: np.ndarray,
+    inv_freq: np.ndarray,
+    factor: float = 1.0,
+    interleaved: bool = False,
 ) -> np.ndarray:
-    """Rotate-half RoPE on x [rows, n_heads, hd] at absolute positions pos [rows]; cos and sin
-    are both multiplied by `factor` (YaRN's attention factor, 1 otherwise)."""
+    """RoPE on x [rows, n_heads, hd] at absolute positions pos [rows]; cos and sin are both
+    multiplied by `factor` (YaRN's attention factor, 1 otherwise). Pair j, rotated by
+    inv_freq[j], is (x[j], x[j + hd/2]) (NeoX rotate-half), or (x[2j], x[2j + 1]) when
+    interleaved (GPT-J, vLLM's is_neox_style: false)."""
     half = x.shape[-1] // 2
     angle = np.asarray(pos, dtype=np.float32)[:, None] * inv_freq[None, :]  # float32 products
     cos = np.cos(angle.astype(x.dtype))[:, None, :]
     sin = np.sin(angle.astype(x.dtype))[:, None, :]
     if factor != 1.0:
         cos, sin = cos * x.dtype.type(factor), sin * x.dtype.type(factor)
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = b * cos + a * sin
+        return out
     lo, hi = x[..., :half], x[..., half:]
     return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1).astype(x.dtype)
 
@@ -89,14 +105,17 @@ def attention(
     pos_k: np.ndarray,
     window: int | None,
     n_ctx: int | None = None,
+    sink: np.ndarray | None = None,
 ) -> np.ndarray:
     """GQA attention. q [m, nh, hd]; k, v [n, nkv, hd] -> [m, nh*hd].
 
     Query at position p sees key at position j iff window is None or |p - j| <= window - 1.
     Non-causal unless n_ctx is given: then the keys are n_ctx ctx rows followed by the m block
-    rows, and block query i also needs key index <= n_ctx + i (is_causal: a mask inside the
-    block only; every ctx row stays visible).
-    """
+    rows, and block query i also needs key index <= n_ctx + i (a causal layer: a mask inside
+    the block only; every ctx row stays visible, subject to the window). With ctx keys before
+    the block this is z-lab's rule: (not causal or j <= p) and p - j < W, and when non-causal
+    also j - p < W. sink [nh]: a learned logit per query head in the softmax denominator, with
+    no value (attention sinks)."""
     m, nh, hd = q.shape
     nkv = k.shape[1]
     group = nh // nkv
@@ -109,9 +128,15 @@ def attention(
     if n_ctx is not None:
         later = np.arange(k.shape[0])[None, :] > n_ctx + np.arange(m)[:, None]
         scores = np.where(later[None], -np.inf, scores)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
+    top = scores.max(axis=-1, keepdims=True)
+    if sink is not None:
+        sk = np.asarray(sink, q.dtype).reshape(nh, 1, 1)
+        top = np.maximum(top, sk)
+    p = np.exp(scores - top)
+    denom = p.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        denom = denom + np.exp(sk - top)
+    p /= denom
     return np.einsum("hmn,nhd->mhd", p, vv).reshape(m, nh * hd)
 
 
@@ -151,9 +176,13 @@ class ReferenceDraft:
     @classmethod
     def load(cls, ckpt_dir: str | Path, dtype: type = np.float32) -> ReferenceDraft:
         """The drafter of a checkpoint directory, reading only the tensors its math uses (not
-        the embed / lm_head copies, nor foreign tensors), each once."""
+        the embed / lm_head copies, nor foreign tensors), each once, and mask_embedding.pt's
+        rows."""
         with Checkpoint.open(ckpt_dir) as ckpt:
-            return cls(ckpt.cfg, {n: ckpt.read(n) for n in ckpt.used_shapes()}, dtype)
+            weights = {n: ckpt.read(n) for n in ckpt.used_shapes()}
+            if ckpt.mask_embedding is not None:
+                weights[MASK_EMBEDDING] = ckpt.mask_embedding
+            return cls(ckpt.cfg, weights, dtype)
 
     # -- input checks (pydflash.checks: the rules of the GPU entry points) -----------------
     def _rows(self, name: str, a: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -171,9 +200,9 @@ class ReferenceDraft:
 
     # -- the data flow, top to bottom ----------------------------------------------------
     def ctx_features(self, taps: np.ndarray, t: int) -> np.ndarray:
-        """hidden_norm(fc(taps)): taps [t, n_taps*hidden] -> [t, hidden]."""
+        """hidden_norm(fc(taps)): taps [t, n_taps * tap_hidden] -> [t, hidden]."""
         c = self.cfg
-        x = self._rows("taps", taps, checks.count(t, "t"), c.n_taps * c.hidden)
+        x = self._rows("taps", taps, checks.count(t, "t"), c.tap_width)
         return rms_norm(x @ self.w["fc.weight"].T, self.w["hidden_norm.weight"], c.eps)
 
     def _proj(self, x: np.ndarray, name: str) -> np.ndarray:
@@ -186,7 +215,8 @@ class ReferenceDraft:
         c, p = self.cfg, f"layers.{layer}.self_attn."
         inv, factor = self.rope[layer]
         k = self._proj(feats, p + "k_proj").reshape(-1, c.n_kv, c.head_dim)
-        k = rope_neox(rms_norm(k, self.w[p + "k_norm.weight"], c.eps), pos, inv, factor)
+        k = rms_norm(k, self.w[p + "k_norm.weight"], c.eps)
+        k = rope_neox(k, pos, inv, factor, c.rope_interleaved)
         v = self._proj(feats, p + "v_proj").reshape(-1, c.n_kv, c.head_dim)
         return k, v
 
@@ -204,17 +234,16 @@ class ReferenceDraft:
         w = self.w
         xn = rms_norm(x, w[p + "input_layernorm.weight"], c.eps)
         q = self._proj(xn, p + "self_attn.q_proj").reshape(-1, c.n_head, c.head_dim)
-        q = rope_neox(
-            rms_norm(q, w[p + "self_attn.q_norm.weight"], c.eps), pos_block, *self.rope[layer]
-        )
+        q = rms_norm(q, w[p + "self_attn.q_norm.weight"], c.eps)
+        q = rope_neox(q, pos_block, *self.rope[layer], c.rope_interleaved)
         # block rows: the same K/V program, stored in the cache's scratch rows
         k_blk, v_blk = (kv_round(a, kv_dtype) for a in self._ctx_kv(layer, xn, pos_block))
         k = np.concatenate([k_ctx, k_blk])
         v = np.concatenate([v_ctx, v_blk])
         pos_k = np.concatenate([pos_ctx, pos_block])
-        a = attention(
-            q, k, v, pos_block, pos_k, c.window_of(layer), len(k_ctx) if c.is_causal else None
-        )
+        causal_from = len(k_ctx) if c.causal_of(layer) else None
+        sink = w[p + SINK] if c.attention_sink else None
+        a = attention(q, k, v, pos_block, pos_k, c.window_of(layer), causal_from, sink)
         x = x + self._proj(a, p + "self_attn.o_proj")
         n = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps)
         ff = silu(n @ w[p + "mlp.gate_proj.weight"].T) * (n @ w[p + "mlp.up_proj.weight"].T)
@@ -304,7 +333,8 @@ class ReferenceDraft:
         lm_head: np.ndarray,
         last: int,
         *,
-        logit_softcap: float | None = None,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
         temperature: float = 0.0,
         rng: np.random.Generator | None = None,
         uniforms: np.ndarray | None = None,
@@ -313,13 +343,18 @@ class ReferenceDraft:
     ) -> DraftResult:
         """Draft tokens for the layout's rows, the Markov chain running left to right.
 
-        temperature > 0 samples from softmax((capped logits + Markov bias) / T): with `uniforms`
-        [n_drafts, V] or a Philox `seed` (+ `offset`: pydflash.philox, stream DRAFT, row = slot)
-        by the Gumbel-max rule the GPU uses (speculative.gumbel_argmax), so both return the
-        same tokens; otherwise with `rng` (numpy's choice)."""
+        The logits are lm_head . h * output_multiplier, soft-capped by logit_softcap (both
+        default to the config's: DflashCfg.logit_multiplier, final_logit_softcapping; None: no
+        cap), plus the Markov bias. temperature > 0 samples from softmax(logits / T): with
+        `uniforms` [n_drafts, V] or a Philox `seed` (+ `offset`: pydflash.philox, stream
+        DRAFT, row = slot) by the Gumbel-max rule the GPU uses (speculative.gumbel_argmax), so
+        both return the same tokens; otherwise with `rng` (numpy's choice). With a trimmed
+        vocabulary (cfg.draft_vocab) and its own lm_head of that many rows, the tokens are
+        target ids (d2t) and probs spread over the full vocabulary."""
         c = self.cfg
+        cap, mult = checks.draft_scales(c, logit_softcap, output_multiplier)
         h, lm, last, logit_softcap, temperature = draft_args(
-            c, self.w, self.dtype, hidden, lm_head, last, logit_softcap, temperature, rng
+            c, self.w, self.dtype, hidden, lm_head, last, cap, temperature, rng, mult
         )
         rows = c.draft_rows()
         gumbel_u = None
@@ -336,7 +371,7 @@ class ReferenceDraft:
         prev = int(last)
         state = np.zeros(c.markov_rank, self.dtype) if c.markov_type == "rnn" else None
         for i, r in enumerate(rows):
-            logits = lm @ h[r]
+            logits = (lm @ h[r]) * self.dtype.type(mult)
             if logit_softcap is not None:
                 logits = np.tanh(logits / logit_softcap) * logit_softcap
             if c.has_markov:
@@ -366,7 +401,39 @@ class ReferenceDraft:
                 tok = int(np.argmax(logits))  # ties: the lowest index
             tokens[i] = prev = tok
         survival = np.cumprod(conf) if conf is not None else None
+        if self._trimmed(lm):  # draft ids -> target ids; probabilities over the target's
+            d2t = self.w[D2T]
+            tokens = tokens + d2t[tokens]
+            if probs is not None:
+                full = np.zeros((len(rows), int(c.vocab_size or 0)), self.dtype)
+                full[:, np.arange(lm.shape[0]) + d2t] = probs
+                probs = full
         return DraftResult(tokens, probs, conf, survival, q)
+
+    def _trimmed(self, lm: np.ndarray) -> bool:
+        """Whether the draft step maps ids through d2t: a trimmed vocabulary's own head."""
+        return self.cfg.draft_vocab is not None and lm.shape[0] == self.cfg.draft_vocab
+
+    def block_embeddings(
+        self, table: np.ndarray, last: int, embed_scale: float = FROM_CONFIG
+    ) -> np.ndarray:
+        """The block's noise rows of a round (propose): [last, MASK x (b-1)] rows of the
+        target's raw embedding table [V, hidden], times embed_scale (default: the config's
+        input_embedding_scale); with mask_embedding.pt its rows replace the MASK rows (one row
+        for every slot, or one a slot), scaled the same way."""
+        c = self.cfg
+        scale = checks.embed_scale(c, embed_scale)
+        tab = checks.host_matrix(table, "embed", c.hidden, self.dtype)
+        token = checks.token(last, "last", tab.shape[0])
+        if c.mask_token_id >= tab.shape[0]:
+            raise ShapeError(f"embed: mask_token_id {c.mask_token_id} is not a row of the table")
+        rows = np.empty((c.block_size, c.hidden), self.dtype)
+        rows[0] = tab[token]
+        if c.mask_embedding_rows:
+            rows[1:] = self.w[MASK_EMBEDDING]  # one row broadcast, or one a slot
+        else:
+            rows[1:] = tab[c.mask_token_id]
+        return rows * self.dtype.type(scale)
 
     def draft_tokens(
         self,

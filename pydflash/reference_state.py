@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from . import checks
-from .checkpoint import MARKOV_W1, MARKOV_W2, backbone_shapes, head_shapes
+from .checkpoint import D2T, MARKOV_W1, MARKOV_W2, MASK_EMBEDDING, backbone_shapes, head_shapes
 from .config import DflashCfg
 from .errors import CapacityError, ShapeError
 from .kv import CommittedRows
@@ -91,10 +91,15 @@ def checked_weights(
             f"weights: expected a mapping name -> array, found {type(weights).__name__}"
         )
     expected = {**backbone_shapes(cfg), **head_shapes(cfg)}
+    if cfg.mask_embedding_rows:
+        expected[MASK_EMBEDDING] = (cfg.mask_embedding_rows, cfg.hidden)
     out = {}
     for name, a in weights.items():
         label = f"weights[{name!r}]"
         arr = checks.host_array(a, label)
+        if name == D2T:
+            out[name] = d2t_table(cfg, arr, label)
+            continue
         if not checks.is_real_float(arr.dtype):
             raise ShapeError(f"{label}: expected real floats, found dtype {arr.dtype}")
         want = expected.get(name)
@@ -106,6 +111,23 @@ def checked_weights(
     return out
 
 
+def d2t_table(cfg: DflashCfg, a: np.ndarray, label: str = "d2t") -> np.ndarray:
+    """A trimmed vocabulary's id map as int64 [draft_vocab]: integers whose targets
+    i + d2t[i] lie in [0, vocab_size)."""
+    if a.dtype.kind not in "iu":
+        raise ShapeError(f"{label}: expected integer offsets, found dtype {a.dtype}")
+    if cfg.draft_vocab is None or a.shape != (cfg.draft_vocab,):
+        raise ShapeError(f"{label}: expected shape [{cfg.draft_vocab}], found {list(a.shape)}")
+    d = a.astype(np.int64)
+    target = np.arange(d.size) + d
+    vocab = cfg.vocab_size or 0
+    if d.size and (target.min() < 0 or target.max() >= vocab):
+        raise ShapeError(f"{label}: maps draft ids outside the vocabulary [0, {vocab})")
+    if np.unique(target).size != target.size:
+        raise ShapeError(f"{label}: maps two draft ids to one target id")
+    return d
+
+
 def draft_args(
     cfg: DflashCfg,
     w: Mapping[str, np.ndarray],
@@ -113,13 +135,15 @@ def draft_args(
     hidden: object,
     lm_head: object,
     last: object,
-    logit_softcap: object,
+    logit_softcap: float | None,
     temperature: object,
     rng: object,
+    multiplier: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray, int, float | None, float]:
     """ReferenceDraft.draft's arguments checked as DflashDraft.draft_tokens checks them, plus
     what the host math needs: finite inputs whose logits (and logits / T) stay finite in
-    `dtype`, since NaN logits argmax or sample garbage."""
+    `dtype`, since NaN logits argmax or sample garbage. `last` is an id of the target's
+    vocabulary: the lm_head's rows, or vocab_size for a trimmed vocabulary's own head."""
     c = cfg
     h = checks.host_rows(hidden, "hidden", c.block_size, c.hidden, dtype, finite=True)
     lm = checks.host_matrix(lm_head, "lm_head", c.hidden, dtype)
@@ -129,13 +153,14 @@ def draft_args(
         raise ShapeError(
             f"lm_head: vocabulary {v} != Markov head vocabulary {w[MARKOV_W2].shape[0]}"
         )
-    token = checks.token(last, "last", v)
+    vocab = c.vocab_size if c.draft_vocab is not None and v == c.draft_vocab else None
+    token = checks.token(last, "last", vocab or v)
     cap = checks.logit_softcap(logit_softcap)
     t = checks.temperature(temperature)
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise ShapeError(f"rng: expected a numpy Generator, found {type(rng).__name__}")
     # |lm_v . h_r| <= max|lm| * sum_j |h_rj|: a cheap bound that no logit overflows
-    bound = float(np.abs(lm).max()) * float(np.abs(h).sum(axis=1).max())
+    bound = float(np.abs(lm).max()) * float(np.abs(h).sum(axis=1).max()) * multiplier
     if bound / min(t or 1.0, 1.0) > float(np.finfo(dtype).max) / 4:
         raise ShapeError(
             f"hidden, lm_head: logits up to {bound:.3g}"

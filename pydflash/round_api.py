@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import checks, philox
+from .checks import FROM_CONFIG
 from .draft_step import (
     DraftStep,
     Proposal,
@@ -63,6 +64,8 @@ class DraftApi:
     precision: str
     embed: GpuTensor | None
     lm_head: GpuTensor | None
+    vocab_map: tuple[Any, Any] | None  # a trimmed vocabulary's (d2t, t2d) device tables
+    mask_rows: Any  # mask_embedding.pt's rows on the device, or None
     cuda_graphs: bool
     _buf: Any
     _step: DraftStep
@@ -91,7 +94,7 @@ class DraftApi:
         self, e: Engine, markov: MarkovHead | None, confidence: ConfidenceHead | None
     ) -> None:
         """Allocate the draft step's buffers (under the engine's stream contract)."""
-        self._step = DraftStep(e, self.cfg, markov, confidence)
+        self._step = DraftStep(e, self.cfg, markov, confidence, self.vocab_map)
         self._propose_graphs = weakref.WeakKeyDictionary()
 
     # -- the draft step ----------------------------------------------------------------------
@@ -103,26 +106,29 @@ class DraftApi:
         last: Any,
         *,
         temperature: float = 0.0,
-        logit_softcap: float | None = None,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
         want_probs: bool = False,
     ) -> Proposal:
         """The draft step over block hidden rows [b, hidden] (forward_round's output):
         greedy (temperature 0) or sampled from softmax((capped logits + Markov bias) / T) with
-        the chain fed the sampled token; `last` is the token before the first draft row (a
-        host int or a device int32 [1]); lm_head None uses the checkpoint's copy. Returns
-        a Proposal (tokens, q, probs when want_probs, confidence / survival with a
-        confidence head). Sampling draws from the drafter's Philox (seed, offset) and
-        advances the offset."""
+        the chain fed the sampled token; the logits are lm_head . h * output_multiplier,
+        soft-capped by logit_softcap (both FROM_CONFIG: the checkpoint's
+        output_multiplier * logit_scale and final_logit_softcapping; None: no cap). `last` is
+        the token before the first draft row (a host int or a device int32 [1]); lm_head None
+        uses the checkpoint's copy. Returns a Proposal (tokens, q, probs when want_probs,
+        confidence / survival with a confidence head). Sampling draws from the drafter's
+        Philox (seed, offset) and advances the offset."""
         checks.require_runtime(e)
         with e.ordered():
             self._check(e)
             c, step = self.cfg, self._step
             h = checks.f32_rows(e, hidden, "hidden", c.block_size, c.hidden)
             lm = self._draft_lm_head(e, lm_head)
-            t, cap = check_options(temperature, logit_softcap)
+            t, cap, mult = check_options(c, temperature, logit_softcap, output_multiplier)
             want = check_flag(want_probs, "want_probs")
-            first = check_last(e, last, lm.out_features)
-            step.stage(e, first, t, cap, 1.0)
+            first = check_last(e, last, self._last_vocab(lm))
+            step.stage(e, first, t, cap, 1.0, mult)
             step.run(e, h, lm, want)
             return step.result(lm.out_features, want)
 
@@ -133,13 +139,28 @@ class DraftApi:
         lm_head: GpuTensor | Any | None,
         last: Any,
         *,
-        logit_softcap: float | None = None,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
     ) -> Any:
         """Greedy draft tokens (device int32 [n_drafts]) for the layout's draft rows (bonus-
         anchor: rows 1..b-1): argmax of lm_head(hidden row) plus, with a Markov head, the
         left-to-right chain bias W2 . W1[prev] (prev of the first row = `last`). The tokens of
         `draft(...)` at temperature 0."""
-        return self.draft(e, hidden, lm_head, last, logit_softcap=logit_softcap).tokens
+        return self.draft(
+            e,
+            hidden,
+            lm_head,
+            last,
+            logit_softcap=logit_softcap,
+            output_multiplier=output_multiplier,
+        ).tokens
+
+    def _last_vocab(self, lm: GpuTensor) -> int:
+        """The ids `last` may take: the lm_head's rows, or the target's vocabulary for a trimmed
+        vocabulary's own head (last is a target id)."""
+        if self._step.trimmed(lm) and self.cfg.vocab_size is not None:
+            return self.cfg.vocab_size
+        return lm.out_features
 
     def _draft_lm_head(self, e: Engine, lm_head: Any) -> GpuTensor:
         lm = resolve_lm_head(e, lm_head, self.lm_head, self.cfg.hidden)
@@ -178,16 +199,18 @@ class DraftApi:
         lm_head: GpuTensor | Any | None = None,
         *,
         temperature: float = 0.0,
-        logit_softcap: float | None = None,
-        embed_scale: float = 1.0,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
+        embed_scale: float = FROM_CONFIG,
         want_probs: bool = False,
     ) -> Proposal:
         """One round: noise = embed[[last, mask_token_id x (b-1)]] * embed_scale (`embed` the
-        target's table [V, hidden], f32 or bf16 bits, wrapped without a copy; None: the
-        checkpoint's copy), forward_round over kv at positions start..start+b-1, then the
-        draft step (see `draft`). `last` is a host int or a device int32 [1]. embed_scale is
-        for targets that scale embeddings (Gemma: sqrt(hidden), which its own code rounds to
-        the embedding dtype: bf16(sqrt(5376)) = 73.5).
+        target's raw table [V, hidden], f32 or bf16 bits, wrapped without a copy; None: the
+        checkpoint's copy; a learned mask_embedding.pt replaces the MASK rows),
+        forward_round over kv at positions start..start+b-1, then the draft step (see
+        `draft`). `last` is a host int or a device int32 [1]. embed_scale FROM_CONFIG is the
+        checkpoint's input_embedding_scale (DflashCfg: the config's key, else a known
+        drafter's, e.g. z-lab/gemma-4-31B-it-DFlash's bf16(sqrt(5376)) = 73.5, else 1).
 
         Everything after the checks is one captured CUDA graph per (kv, embed, lm_head,
         want_probs) (the first call of a key runs the kernels, then captures them): last,
@@ -200,10 +223,10 @@ class DraftApi:
             c, step = self.cfg, self._step
             table = self._embed_table(e, embed)
             lm = self._draft_lm_head(e, lm_head)
-            t, cap = check_options(temperature, logit_softcap)
-            scale = _finite(embed_scale, "embed_scale")
+            t, cap, mult = check_options(c, temperature, logit_softcap, output_multiplier)
+            scale = checks.embed_scale(c, embed_scale)
             want = check_flag(want_probs, "want_probs")
-            vocab = min(table.shape[0], lm.out_features)
+            vocab = min(table.shape[0], self._last_vocab(lm))
             first = check_last(e, last, vocab)
             start = checks.count(start, "start")
             if start + c.block_size > checks.INT32_MAX:
@@ -212,7 +235,7 @@ class DraftApi:
             step.workspace(e, lm.out_features, want)
             # validated: from here on state changes
             kv.write_round_state(e, np.arange(start, start + c.block_size), "start")
-            step.stage(e, first, t, cap, scale)
+            step.stage(e, first, t, cap, scale, mult)
             scales = None if lm.scales is None else _identity(lm.scales)
             key = (_identity(table), (lm.fmt, _identity(lm.data), scales), want)
             graphs = self._propose_graphs.setdefault(kv, {})
@@ -246,6 +269,7 @@ class DraftApi:
             step.params[2:3],
             buf.noise,
             self.cfg.block_size,
+            self.mask_rows,
         )
         self._round_kernels(e, kv)
         step.run(e, buf.out, lm, want_probs)
@@ -282,7 +306,7 @@ class DraftApi:
         *,
         rollback_to: int | None = None,
     ) -> None:
-        """The accepted rows' taps [t, n_taps*hidden] at their absolute positions (host ints
+        """The accepted rows' taps [t, n_taps * tap_hidden] at their absolute positions (host ints
         or a device int32 [t]) become committed ctx rows: ctx_features + ingest_ctx, after
         rolling kv.len back to `rollback_to` (discarding the rows after it) when given.
         Everything is checked before anything changes."""
@@ -291,7 +315,7 @@ class DraftApi:
             self._check(e, kv)
             c = self.cfg
             t = checks.count(t, "t")
-            checks.f32_rows(e, taps, "taps", t, c.n_taps * c.hidden)
+            checks.f32_rows(e, taps, "taps", t, c.tap_width)
             if checks.is_device_array(positions):
                 checks.int32_ids(e, positions, "positions", t)
             elif checks.host_int32(positions, "positions").size != t:
@@ -315,13 +339,3 @@ class DraftApi:
                 kv.len = base
             if t:
                 self.ingest_ctx(e, kv, feats, positions, t)
-
-
-def _finite(value: Any, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-        value, (int, float, np.integer, np.floating)
-    ):
-        raise ShapeError(f"{name} must be a finite number, found {value!r}")
-    if not np.isfinite(float(value)):
-        raise ShapeError(f"{name} must be a finite number, found {value!r}")
-    return float(value)

@@ -77,9 +77,9 @@ def rel(got: Any, expect: Any) -> float:
 def random_inputs(
     cfg: DflashCfg, ctx: int, rng: np.random.Generator, start: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Taps [ctx, n_taps*hidden], block embeddings [b, hidden] (float32) and the positions
+    """Taps [ctx, n_taps * tap_hidden], block embeddings [b, hidden] (float32) and the positions
     start .. start+ctx+b-1 of the ctx rows then the block rows (int32)."""
-    taps = rng.standard_normal((ctx, cfg.n_taps * cfg.hidden), dtype=np.float32)
+    taps = rng.standard_normal((ctx, cfg.tap_width), dtype=np.float32)
     noise = rng.standard_normal((cfg.block_size, cfg.hidden), dtype=np.float32) * 0.5
     pos = np.arange(start, start + ctx + cfg.block_size, dtype=np.int32)
     return taps, noise, pos

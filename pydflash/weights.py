@@ -13,6 +13,7 @@ import numpy as np
 from .checkpoint import (
     CONF_B,
     CONF_W,
+    D2T,
     EMBED,
     GATE_B,
     GATE_W,
@@ -21,6 +22,8 @@ from .checkpoint import (
     LM_HEAD,
     MARKOV_W1,
     MARKOV_W2,
+    MASK_EMBEDDING,
+    SINK,
     Checkpoint,
 )
 from .config import DflashCfg
@@ -60,6 +63,7 @@ class DflashLayer:
     window: int | None
     qkv_bias: Any = None
     o_bias: Any = None
+    sink: Any = None  # f32 [n_head]: the learned sink logit of each query head, or None
     kv: GpuTensor = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -109,7 +113,12 @@ def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
     norms = 4 * (cfg.n_layer * (2 * cfg.hidden + 2 * cfg.head_dim) + 2 * cfg.hidden)
     if cfg.attention_bias:
         norms += 4 * cfg.n_layer * (cfg.q_dim + 2 * cfg.kv_dim + cfg.hidden)
-    total = cfg.n_layer * layer + size("attn", cfg.hidden, cfg.n_taps * cfg.hidden) + norms
+    total = cfg.n_layer * layer + size("attn", cfg.hidden, cfg.tap_width) + norms
+    if cfg.attention_sink:
+        total += 4 * cfg.n_layer * cfg.n_head
+    if cfg.draft_vocab is not None:  # its own bf16 lm_head and the id map
+        total += 2 * cfg.draft_vocab * cfg.hidden + 4 * cfg.draft_vocab
+    total += 4 * cfg.mask_embedding_rows * cfg.hidden
     if cfg.has_markov and cfg.vocab_size:
         r, kind = cfg.markov_rank, cfg.markov_type or "vanilla"
         proj = {"vanilla": 0, "gated": r * (cfg.hidden + r), "rnn": 3 * r * (2 * r + cfg.hidden)}
@@ -160,6 +169,7 @@ def load_weights(e: Runtime, ckpt: Checkpoint, precision: str) -> dict[str, Any]
                 if bias
                 else None,
                 o_bias=vec(a + "o_proj.bias") if bias else None,
+                sink=vec(p + SINK) if cfg.attention_sink else None,
             )
         )
     markov = None
@@ -186,7 +196,25 @@ def load_weights(e: Runtime, ckpt: Checkpoint, precision: str) -> dict[str, Any]
         "markov": markov,
         "embed": GpuTensor.from_checkpoint(e, ckpt, EMBED) if ckpt.has_embed else None,
         "lm_head": GpuTensor.from_checkpoint(e, ckpt, LM_HEAD) if ckpt.has_lm_head else None,
+        "vocab_map": _vocab_map(e, ckpt) if cfg.draft_vocab is not None else None,
+        "mask_rows": None if ckpt.mask_embedding is None else e.upload(ckpt.mask_embedding),
     }
+
+
+def _vocab_map(e: Runtime, ckpt: Checkpoint) -> tuple[Any, Any]:
+    """A trimmed vocabulary's id maps on the device: d2t (int32 offsets, checked to land in
+    the vocabulary and to be one to one) and its inverse t2d [vocab] (-1: no draft id)."""
+    from .reference_state import d2t_table
+
+    d2t = d2t_table(ckpt.cfg, ckpt.read(D2T), D2T)
+    return e.upload(d2t.astype(np.int32)), e.upload(inverse_d2t(ckpt.cfg, d2t))
+
+
+def inverse_d2t(cfg: DflashCfg, d2t: np.ndarray) -> np.ndarray:
+    """t2d [vocab_size]: the draft id i of each target id i + d2t[i], -1 where there is none."""
+    t2d = np.full(int(cfg.vocab_size or 0), -1, np.int32)
+    t2d[np.arange(d2t.size) + d2t] = np.arange(d2t.size, dtype=np.int32)
+    return t2d
 
 
 def host_weights(
@@ -197,9 +225,12 @@ def host_weights(
     norm: Any,
     markov: MarkovHead | None,
     confidence: ConfidenceHead | None = None,
+    d2t: Any = None,
+    mask_rows: Any = None,
 ) -> dict[str, np.ndarray]:
     """Host float32 copies of every device weight, un-fused, under checkpoint names: exactly
-    the values the kernels multiply by (quantization included)."""
+    the values the kernels multiply by (quantization included); d2t as int64, the learned
+    MASK rows under MASK_EMBEDDING."""
     w: dict[str, np.ndarray] = {
         "fc.weight": fc.dequantize(),
         "hidden_norm.weight": hidden_norm.get(),
@@ -223,7 +254,13 @@ def host_weights(
             b = layer.qkv_bias.get()
             w[a + "q_proj.bias"], w[a + "k_proj.bias"] = b[:q], b[q : q + kv]
             w[a + "v_proj.bias"], w[a + "o_proj.bias"] = b[q + kv :], layer.o_bias.get()
+        if layer.sink is not None:
+            w[p + SINK] = layer.sink.get()
     w.update(head_weights(markov, confidence))
+    if d2t is not None:
+        w[D2T] = d2t.get().astype(np.int64)
+    if mask_rows is not None:
+        w[MASK_EMBEDDING] = mask_rows.get()
     return w
 
 

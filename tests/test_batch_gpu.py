@@ -100,7 +100,7 @@ def test_batched_rounds_equal_single_rounds_bit_for_bit(engine, ckpts, rng, name
             max(0, kv.rollback_floor, kv.len - 3) if i in (1, 3) else None
             for i, kv in enumerate(singles)
         ]
-        taps = [rng.standard_normal((t, c.n_taps * c.hidden)).astype(np.float32) for t in counts]
+        taps = [rng.standard_normal((t, c.tap_width)).astype(np.float32) for t in counts]
         pos = [s.positions(t) for s, t in zip(seqs, counts)]
         d.commit_batch(
             e,
@@ -204,7 +204,7 @@ def test_bad_batches_are_refused_before_anything_changes(engine, ckpts, rng):
         d.ingest_batch(
             e, pool, slots, cp.zeros((4, c.hidden), np.float32), [100, 101, 5, 4], [2, 2]
         )
-    taps = cp.zeros((3, c.n_taps * c.hidden), np.float32)
+    taps = cp.zeros((3, c.tap_width), np.float32)
     with pytest.raises(CapacityError):  # a roll-back past len
         d.commit_batch(e, pool, slots, taps, [200, 201, 202], [1, 2], rollback_to=[None, 99])
     with pytest.raises(ShapeError):  # taps for 3 rows, counts for 4

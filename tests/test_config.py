@@ -679,16 +679,49 @@ def test_attention_bias(value, want):
     assert DflashCfg.from_dict(raw).attention_bias is want
 
 
+def swa_nested(layer_types=("sliding_attention",) * 4 + ("full_attention",)) -> dict:
+    """A gemma-4-31B-it-DFlash shaped config: sliding layers, no is_causal key."""
+    raw = zlab_nested()
+    raw["num_hidden_layers"] = len(layer_types)
+    raw["layer_types"] = list(layer_types)
+    raw["sliding_window"] = 2048
+    return raw
+
+
+def test_causality_absent_follows_the_layer_type():
+    """z-lab's rule with no key: a sliding layer is causal, a full layer is not."""
+    cfg = DflashCfg.from_dict(swa_nested())
+    assert cfg.is_causal is None
+    assert cfg.layer_causal == (True, True, True, True, False)
+    assert [cfg.causal_of(i) for i in range(5)] == [True] * 4 + [False]
+    full = DflashCfg.from_dict(zlab_nested())  # no layer_types: every layer full, non-causal
+    assert full.is_causal is None and full.layer_causal == (False,) * 5
+
+
 @pytest.mark.parametrize("where", ["top", "dflash_config.is_causal", "dflash_config.causal"])
 @pytest.mark.parametrize("value", [True, False])
 def test_is_causal_keys(where, value):
-    raw = zlab_nested()
-    if where == "top":
-        raw["is_causal"] = value
-    else:
-        raw["dflash_config"][where.split(".")[1]] = value
-    assert DflashCfg.from_dict(raw).is_causal is value
-    assert DflashCfg.from_dict(zlab_nested()).is_causal is False  # absent: non-causal
+    """An explicit key (z-lab's top-level is_causal, or in dflash_config, or vLLM's
+    dflash_config.causal) sets every layer, sliding or full."""
+    for raw in (zlab_nested(), swa_nested()):
+        if where == "top":
+            raw["is_causal"] = value
+        else:
+            raw["dflash_config"][where.split(".")[1]] = value
+        cfg = DflashCfg.from_dict(raw)
+        assert cfg.is_causal is value
+        assert cfg.layer_causal == (value,) * cfg.n_layer
+
+
+def test_hand_made_cfg_causality():
+    cfg = DflashCfg.from_dict(swa_nested())
+    assert dataclasses.replace(cfg, is_causal=False).layer_causal == (False,) * 5
+    assert dataclasses.replace(cfg, is_causal=True).layer_causal == (True,) * 5
+    assert dataclasses.replace(cfg, layer_sliding=(False,) * 5).layer_causal == (False,) * 5
+    with pytest.raises(ConfigError, match="is_causal: must be true, false or absent"):
+        from pydflash import bounds
+
+        bounds.check_cfg(dataclasses.replace(cfg, is_causal="yes"))
 
 
 def test_is_causal_keys_that_disagree_are_refused():
@@ -744,17 +777,7 @@ def test_dflash2_head_keys_refused(key, nested):
 
 
 @pytest.mark.parametrize(
-    "key, bad, neutral",
-    [
-        ("input_embedding_scale", 2.0, 1.0),
-        ("output_multiplier", 0.5, 1.0),
-        ("use_aux_hidden_state", False, True),
-        ("is_neox_style", False, True),
-        ("mlp_bias", True, False),
-        ("use_swa", True, False),
-        ("attention_sink_bias", True, False),
-        ("add_swa_attention_sink_bias", True, False),
-    ],
+    "key, bad, neutral", [("use_aux_hidden_state", False, True), ("mlp_bias", True, False)]
 )
 @pytest.mark.parametrize("nested", [True, False])
 def test_math_changing_keys_refused_unless_neutral(key, bad, neutral, nested):
@@ -766,13 +789,211 @@ def test_math_changing_keys_refused_unless_neutral(key, bad, neutral, nested):
     DflashCfg.from_dict(raw)
 
 
-def test_separate_draft_window_refused():
+# --------------------------------------------------------------------------- the checkpoint's scales
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_checkpoint_scales_are_read(nested):
     raw = zlab_nested()
-    raw.update(layer_types=["sliding_attention"] * 4 + ["full_attention"], sliding_window=2048)
+    d = raw["dflash_config"] if nested else raw
+    d.update(input_embedding_scale=2.5, output_multiplier=0.19611613513818404)
+    d["final_logit_softcapping"] = 20.0
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.input_embedding_scale == 2.5 and cfg.embed_scale_source == "config"
+    assert (
+        cfg.output_multiplier == 0.19611613513818404
+        and cfg.logit_multiplier == cfg.output_multiplier
+    )
+    assert cfg.final_logit_softcapping == 20.0
+    plain = DflashCfg.from_dict(zlab_nested())
+    assert (plain.input_embedding_scale, plain.output_multiplier) == (1.0, 1.0)
+    assert plain.final_logit_softcapping is None and plain.embed_scale_source == "default"
+
+
+def test_dflash_config_wins_over_the_top_level():
+    """z-lab's _draft_value: dflash_config first, then the top level."""
+    raw = zlab_nested()
+    raw["output_multiplier"] = 0.5
+    raw["dflash_config"]["output_multiplier"] = 0.25
+    assert DflashCfg.from_dict(raw).output_multiplier == 0.25
+
+
+def test_zero_softcap_is_no_cap_and_bad_scales_are_refused():
+    raw = zlab_nested()
+    raw["final_logit_softcapping"] = 0
+    assert DflashCfg.from_dict(raw).final_logit_softcapping is None
+    for key, bad in (
+        ("input_embedding_scale", -1.0),
+        ("output_multiplier", 0),
+        ("logit_scale", "2"),
+    ):
+        raw = zlab_nested()
+        raw[key] = bad
+        with pytest.raises(ConfigError, match=f"{key}: must be a finite number"):
+            DflashCfg.from_dict(raw)
+
+
+def test_logit_scale():
+    raw = zlab_nested()
+    raw["logit_scale"] = 2.0
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.logit_scale == 2.0 and cfg.logit_multiplier == 2.0
+    raw["final_logit_softcapping"] = 30.0
+    with pytest.raises(ConfigError, match="logit_scale: 2.0 beside final_logit_softcapping 30"):
+        DflashCfg.from_dict(raw)
+    raw = dspark_flat()
+    raw["logit_scale"] = 2.0
+    with pytest.raises(ConfigError, match="logit_scale: 2.0 with a Markov head"):
+        DflashCfg.from_dict(raw)
+
+
+def gemma_published() -> dict:
+    """z-lab/gemma-4-31B-it-DFlash's config.json as third-party runtimes quote it."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": 5376,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 10752,
+        "num_hidden_layers": 5,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "vocab_size": 262144,
+        "block_size": 16,
+        "num_target_layers": 60,
+        "final_logit_softcapping": 30.0,
+        "sliding_window": 2048,
+        "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+        "tie_word_embeddings": True,
+        "dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 12, 23, 35, 46, 57]},
+    }
+
+
+def test_published_gemma_drafter():
+    """Causal sliding layers (no is_causal key), the target's soft-cap from the config, and
+    the block rows scaled as the target's embedding module scales them."""
+    cfg = DflashCfg.from_dict(gemma_published())
+    assert cfg.layer_causal == (True, True, True, True, False)
+    assert cfg.final_logit_softcapping == 30.0
+    assert cfg.input_embedding_scale == 73.5  # bf16(sqrt(5376))
+    assert cfg.embed_scale_source.startswith("known drafter z-lab/gemma-4-31B-it-DFlash")
+    raw = gemma_published()
+    raw["is_causal"] = False  # an explicit key: every layer symmetric
+    assert DflashCfg.from_dict(raw).layer_causal == (False,) * 5
+    raw["input_embedding_scale"] = 1.0  # an explicit key wins over the known entry
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.input_embedding_scale == 1.0 and cfg.embed_scale_source == "config"
+    other = gemma_published()
+    other["dflash_config"]["mask_token_id"] = 5  # not the published drafter: no guess
+    assert DflashCfg.from_dict(other).input_embedding_scale == 1.0
+
+
+def test_muse_glimmer_assistant_is_bidirectional():
+    raw = swa_nested(("sliding_attention",) * 5)
+    raw["architectures"] = ["MuseGlimmerAssistantModel"]
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.is_causal is False and cfg.layer_causal == (False,) * 5
+    raw["is_causal"] = True  # the key still wins
+    assert DflashCfg.from_dict(raw).layer_causal == (True,) * 5
+
+
+# --------------------------------------------------------------------------- vLLM's key variants
+
+
+def test_use_swa_windows_every_layer_without_causing():
+    """vLLM's _resolve_layer_attention: use_swa with no sliding layer_types slides every layer
+    at swa_window_size (else sliding_window); those layers stay non-causal."""
+    raw = zlab_nested()
+    raw["dflash_config"].update(use_swa=True, swa_window_size=1024)
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.layer_sliding == (True,) * 5 and cfg.sliding_window == 1024
+    assert cfg.swa_every_layer and cfg.layer_causal == (False,) * 5
+    raw = zlab_nested()
+    raw["dflash_config"]["use_swa"] = True
+    raw["sliding_window"] = 512
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.sliding_window == 512 and cfg.layer_sliding == (True,) * 5
+    raw = zlab_nested()
+    raw["dflash_config"]["use_swa"] = True
+    with pytest.raises(ConfigError, match="sliding_window: missing"):
+        DflashCfg.from_dict(raw)
+    # with sliding layer_types, use_swa changes nothing: the layer types decide
+    raw = swa_nested()
+    raw["dflash_config"]["use_swa"] = True
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.layer_sliding == (True,) * 4 + (False,) and not cfg.swa_every_layer
+    assert cfg.layer_causal == (True,) * 4 + (False,)
+
+
+def test_separate_draft_window_refused():
+    raw = swa_nested()
     raw["dflash_config"]["swa_window_size"] = 2048  # the same window: fine
     assert DflashCfg.from_dict(raw).sliding_window == 2048
     raw["dflash_config"]["swa_window_size"] = 1024
     with pytest.raises(ConfigError, match="swa_window_size: 1024 differs from sliding_window"):
+        DflashCfg.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["dflash_config.attention_sink_bias", "add_swa_attention_sink_bias", "attention_sink_bias"],
+)
+def test_attention_sink_keys(where):
+    raw = zlab_nested()
+    if where.startswith("dflash_config."):
+        raw["dflash_config"]["attention_sink_bias"] = True
+    else:
+        raw[where] = True
+    assert DflashCfg.from_dict(raw).attention_sink
+    assert not DflashCfg.from_dict(zlab_nested()).attention_sink
+    raw[
+        "add_swa_attention_sink_bias"
+        if where != "add_swa_attention_sink_bias"
+        else "attention_sink_bias"
+    ] = False
+    with pytest.raises(ConfigError, match="attention_sink_bias: the sink keys disagree"):
+        DflashCfg.from_dict(raw)
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_is_neox_style(nested):
+    raw = zlab_nested()
+    (raw["dflash_config"] if nested else raw)["is_neox_style"] = False
+    assert DflashCfg.from_dict(raw).rope_interleaved
+    (raw["dflash_config"] if nested else raw)["is_neox_style"] = True
+    assert not DflashCfg.from_dict(raw).rope_interleaved
+    (raw["dflash_config"] if nested else raw)["is_neox_style"] = "no"
+    with pytest.raises(ConfigError, match="is_neox_style: must be true or false"):
+        DflashCfg.from_dict(raw)
+
+
+def test_target_hidden_size():
+    raw = flat()
+    raw["target_hidden_size"] = 4096  # the drafter's own: nothing changes
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.target_hidden is None and cfg.tap_width == 5 * 4096
+    raw["target_hidden_size"] = 5120
+    cfg = DflashCfg.from_dict(raw)
+    assert cfg.target_hidden == 5120 and cfg.tap_hidden == 5120 and cfg.tap_width == 5 * 5120
+    raw["target_hidden_size"] = 0
+    with pytest.raises(ConfigError, match="target_hidden_size: must be >= 1"):
+        DflashCfg.from_dict(raw)
+
+
+def test_draft_vocab_size():
+    raw = flat()
+    raw["draft_vocab_size"] = 32000
+    assert DflashCfg.from_dict(raw).draft_vocab == 32000
+    raw["draft_vocab_size"] = 151936  # the full vocabulary: no trimming
+    assert DflashCfg.from_dict(raw).draft_vocab is None
+    raw["draft_vocab_size"] = 200000
+    with pytest.raises(ConfigError, match="draft_vocab_size: 200000 exceeds vocab_size 151936"):
+        DflashCfg.from_dict(raw)
+    raw = dspark_flat()
+    raw["draft_vocab_size"] = 32000
+    with pytest.raises(ConfigError, match="draft_vocab_size: 32000 with a Markov head"):
         DflashCfg.from_dict(raw)
 
 
@@ -796,15 +1017,6 @@ def test_hidden_act(act, ok):
             DflashCfg.from_dict(raw)
 
 
-def test_target_hidden_size_must_match():
-    raw = flat()
-    raw["target_hidden_size"] = 4096
-    DflashCfg.from_dict(raw)
-    raw["target_hidden_size"] = 5120
-    with pytest.raises(ConfigError, match="target_hidden_size: 5120 differs"):
-        DflashCfg.from_dict(raw)
-
-
 def test_unimplemented_keys_all_reported_at_once(tmp_path):
     raw = zlab_nested()
     raw.update(
@@ -814,7 +1026,7 @@ def test_unimplemented_keys_all_reported_at_once(tmp_path):
         partial_rotary_factor=0.5,
         rope_scaling={"rope_type": "longrope"},
     )
-    raw["dflash_config"].update(selector_rank=64, input_embedding_scale=3.0)
+    raw["dflash_config"].update(selector_rank=64, output_multiplier=-3.0)
     path = write_cfg(tmp_path, raw)
     with pytest.raises(ConfigError) as ei:
         DflashCfg.from_json(path)
@@ -827,7 +1039,7 @@ def test_unimplemented_keys_all_reported_at_once(tmp_path):
         "partial_rotary_factor",
         "rope_scaling.rope_type",
         "dflash_config.selector_rank",
-        "dflash_config.input_embedding_scale",
+        "dflash_config.output_multiplier",
     ):
         assert key in msg, key
 

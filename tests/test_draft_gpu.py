@@ -85,7 +85,7 @@ def no_confidence(cfg):
 
 
 def inputs(cfg, ctx, rng):
-    taps = rng.standard_normal((ctx, cfg.n_taps * cfg.hidden)).astype(np.float32)
+    taps = rng.standard_normal((ctx, cfg.tap_width)).astype(np.float32)
     noise = (rng.standard_normal((cfg.block_size, cfg.hidden)) * 0.5).astype(np.float32)
     pos = np.arange(ctx + cfg.block_size, dtype=np.int32) + int(rng.integers(0, 100))
     return taps, noise, pos
@@ -280,7 +280,7 @@ def test_graph_replay_equals_plain_launches_as_len_grows(engine, ckpts, rng):
     plain = DflashDraft.load(e, ckpts["medium"], "bf16", cuda_graphs=False)
     cfg = graphed.cfg
     kv_g, kv_p = DflashKv(e, cfg, 200), DflashKv(e, cfg, 200)
-    taps = rng.standard_normal((150, cfg.n_taps * cfg.hidden)).astype(np.float32)
+    taps = rng.standard_normal((150, cfg.tap_width)).astype(np.float32)
     feats = graphed.ctx_features(e, e.htod(taps), 150)
     done = 0
     for step, (add, back) in enumerate([(70, 0), (1, 0), (16, 0), (0, 9), (60, 0)]):

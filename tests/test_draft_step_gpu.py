@@ -411,7 +411,7 @@ def round_setup(e, d, ctx, seed, embed_fmt="f32"):
 
     cfg = d.cfg
     gen = np.random.default_rng(seed)
-    taps = gen.standard_normal((ctx + 64, cfg.n_taps * cfg.hidden)).astype(np.float32)
+    taps = gen.standard_normal((ctx + 64, cfg.tap_width)).astype(np.float32)
     table = bf16_exact(gen.standard_normal((cfg.vocab_size, cfg.hidden)) * 0.5)
     embed = lm_device(e, table, embed_fmt)
     _, lm, last = step_inputs(cfg, seed + 1)

@@ -784,7 +784,7 @@ def api_calls(draw, d: ReferenceDraft):
     vocab = c.vocab_size or 64
     args: dict = {"method": method, "t": t}
     if method in ("ctx_features", "forward"):
-        args["taps"] = draw(arrays_like(rows, c.n_taps * c.hidden))
+        args["taps"] = draw(arrays_like(rows, c.tap_width))
     if method in ("forward_block", "ingest_ctx"):
         args["feats"] = draw(arrays_like(rows, c.hidden))
     if method in ("forward", "forward_block", "forward_round"):

@@ -147,7 +147,7 @@ def test_ingest_through_the_gemm(engine, preset_checkpoint, rng, precision):
     assert ingest_path(e, d, ctx) == ("decode" if precision == "f32" else "gemm")
     assert ingest_path(e, d, gemm.MIN_ROWS - 1) == "decode"
     ref = reference_for(d, np.float64)  # K/V stored like the drafter's (bf16, or f32)
-    taps = rng.standard_normal((ctx, cfg.n_taps * cfg.hidden)).astype(np.float32)
+    taps = rng.standard_normal((ctx, cfg.tap_width)).astype(np.float32)
     noise = (rng.standard_normal((cfg.block_size, cfg.hidden)) * 0.5).astype(np.float32)
     pos = np.arange(ctx + cfg.block_size, dtype=np.int32) + 3
     feats_ref = ref.ctx_features(taps, ctx)

@@ -178,7 +178,7 @@ def test_decode_loop_wraps_the_rings_with_rollbacks_and_graph_replays(engine, ck
     c, b = d.cfg, d.cfg.block_size
     ref = reference(d, "bf16")
     cap = 1200
-    taps = rng.standard_normal((cap, c.n_taps * c.hidden)).astype(np.float32)
+    taps = rng.standard_normal((cap, c.tap_width)).astype(np.float32)
     feats = ref.ctx_features(taps, cap)
     d_feats = e.htod(feats.astype(np.float32))
     kv, kv_p = d.new_kv(e, cap), plain.new_kv(e, cap)

@@ -1,5 +1,6 @@
-"""The shape of the house: every module documented and under 400 lines, and no import cycle
-between pydflash modules, not even one that only type checking follows."""
+"""The shape of the house: every module documented and no longer than a reader can hold (800
+lines: a guard against a module that does too much, not a budget to split classes by), and no
+import cycle between pydflash modules, not even one that only type checking follows."""
 
 import ast
 from pathlib import Path
@@ -36,7 +37,7 @@ def test_every_module_is_documented_and_small():
     for name, path in MODULES.items():
         text = path.read_text()
         assert ast.get_docstring(ast.parse(text)), f"{name} has no docstring"
-        assert len(text.splitlines()) <= 400, f"{name}: {len(text.splitlines())} lines"
+        assert len(text.splitlines()) <= 800, f"{name}: {len(text.splitlines())} lines"
 
 
 def test_no_import_cycle():

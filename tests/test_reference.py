@@ -165,8 +165,9 @@ def ind_forward_block(
     """SPEC §3 written out row by row and head by head. The keyword flags are deliberate
     mutations used only to show that the comparison can fail. Per layer: its own RoPE table
     and attention factor (the tables are pinned by hand in test_rope.py), the q/k/v/o biases
-    right after each projection when cfg.attention_bias, and with cfg.is_causal block row i
-    sees the ctx rows and block rows 0..i."""
+    right after each projection when cfg.attention_bias, and in a causal layer block row i
+    sees the ctx rows and block rows 0..i: every layer when cfg.is_causal is set, else the
+    sliding layers (z-lab's Qwen3DFlashAttention rule, written out here on its own)."""
     W = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     ctx, b = len(ctx_f), cfg.block_size
     nh, nkv, hd, eps = cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.eps
@@ -180,6 +181,7 @@ def ind_forward_block(
         inv = rope.inv_freq(spec, hd)
         fac = 1.0 if no_attention_factor else rope.attention_factor(spec)
         win = None if no_window else cfg.window_of(L)
+        causal_layer = cfg.layer_sliding[L] if cfg.is_causal is None else cfg.is_causal
         wq, wk = W[pre + "self_attn.q_proj.weight"], W[pre + "self_attn.k_proj.weight"]
         wv, wo = W[pre + "self_attn.v_proj.weight"], W[pre + "self_attn.o_proj.weight"]
         zq, zk = np.zeros(wq.shape[0]), np.zeros(wk.shape[0])
@@ -210,7 +212,7 @@ def ind_forward_block(
         new_x = []
         for i in range(b):
             qfull = wq @ xn[i] + pre_bq
-            visible = ctx + i + 1 if cfg.is_causal and not no_block_causal else None
+            visible = ctx + i + 1 if causal_layer and not no_block_causal else None
             heads = []
             for h in range(nh):
                 qh = qfull[h * hd : (h + 1) * hd]
@@ -510,7 +512,7 @@ def test_forward_equals_forward_block_of_ctx_features(seed, rng):
     w = random_weights(cfg, rng)
     d = ReferenceDraft(cfg, w)
     ctx = 6
-    taps = rng.normal(0, 2, (ctx, cfg.n_taps * cfg.hidden)).astype(np.float32)
+    taps = rng.normal(0, 2, (ctx, cfg.tap_width)).astype(np.float32)
     noise = rng.normal(0, 1, (cfg.block_size, cfg.hidden)).astype(np.float32)
     pos = ctx_positions(ctx, cfg.block_size, int(rng.integers(0, 100)))
     feats = d.ctx_features(taps, ctx)
@@ -765,7 +767,7 @@ def test_float64_and_float32_modes_agree(seed, rng):
     cfg = tiny_cfg(n_layer=3)
     w = random_weights(cfg, rng)
     ctx = 9
-    taps = rng.normal(0, 2, (ctx, cfg.n_taps * cfg.hidden))
+    taps = rng.normal(0, 2, (ctx, cfg.tap_width))
     noise = rng.normal(0, 1, (cfg.block_size, cfg.hidden))
     pos = ctx_positions(ctx, cfg.block_size, 100)
     o32 = ReferenceDraft(cfg, w, np.float32).forward(taps, noise, pos, ctx)
@@ -1343,7 +1345,7 @@ def test_load_checkpoint_with_features(seed, rng, tmp_path, preset, overrides):
     d = ReferenceDraft.load(path, np.float64)
     c = d.cfg
     assert c.attention_bias
-    assert c.is_causal == overrides.get("is_causal", False)
+    assert c.is_causal == overrides.get("is_causal")
     if preset == "tiny":
         assert {s.rope_type for s in c.rope} == {"yarn"}
         assert d.rope[0][1] == pytest.approx(0.1 * math.log(32) + 1)

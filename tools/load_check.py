@@ -40,6 +40,17 @@ from tools.make_checkpoint import PRESETS, make_checkpoint  # noqa: E402
 CTX_ROWS = 64
 
 
+def _causality(c) -> str:
+    """Which layers mask the block causally, and why (an explicit key or the layer types)."""
+    causal = [i for i, x in enumerate(c.layer_causal) if x]
+    why = f"is_causal: {str(c.is_causal).lower()}" if c.is_causal is not None else "by layer type"
+    if not causal:
+        return f"non-causal inside the block on every layer ({why})"
+    if len(causal) == c.n_layer:
+        return f"causal inside the block on every layer ({why})"
+    return f"causal inside the block on layers {causal} ({why})"
+
+
 def gib(n: int) -> str:
     """Bytes in the largest binary unit that keeps the number >= 1."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -79,7 +90,7 @@ def describe(ckpt: Checkpoint) -> None:
             else "full on every layer"
         )
         + f"; q/k/v/o bias {'yes' if c.attention_bias else 'no'}; "
-        + ("causal inside the block (is_causal)" if c.is_causal else "non-causal inside the block")
+        + _causality(c)
     )
     print(
         f"layout       {c.layout}; mask token {c.mask_token_id}; architectures "

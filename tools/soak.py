@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = cp.asarray(rng.standard_normal((vocab, cfg.hidden), dtype=np.float32) * 0.05)
     kv = d.new_kv(e, args.cap)
     pool = cp.get_default_memory_pool()
-    taps_pool = rng.standard_normal((64, cfg.n_taps * cfg.hidden), dtype=np.float32)
+    taps_pool = rng.standard_normal((64, cfg.tap_width), dtype=np.float32)
 
     def ingest(n: int) -> None:
         start = kv.len

@@ -1,4 +1,4 @@
-"""attention.cu: non-causal GQA attention split along the keys (flash-decoding), then combined.
+"""attention.cu: GQA attention split along the keys (flash-decoding), then combined.
 FFMA f32 partials (the f32 parity precision with f32 K/V, and head_dim 256) or tensor-core
 partials for the rest: f32 K/V split in bf16 hi/lo (three MMAs a product), bf16 K/V as exact
 MMA operands (two MMAs a product: q and p split hi/lo). K/V may be a ring buffer (a sliding
@@ -96,7 +96,7 @@ COMBINE = FAMILY.kernel(
     "attn_combine",
     "const float* o_part, const float* ml_part, float* out, "
     "long long ldo, int n_q, int n_head, int hd, int n_splits, long long seq_part_rows, "
-    "long long seq_out, const int* seq_slot, unsigned short* out_b",
+    "long long seq_out, const int* seq_slot, unsigned short* out_b, const float* sink",
 )
 
 
@@ -231,11 +231,12 @@ def attend(
     seqs: Seqs | None = None,
     rounded: bool = False,
     out_b: Any = None,
+    sink: Any = None,
 ) -> None:
     """Split-KV attention (partial + combine launches) in query chunks of at most scratch.n_q
     rows. Query at position p sees key j iff window == 0 or |p - pos_j| <= window - 1; with
     `causal` the last m keys are the queries' own block rows and query row i sees block row j
-    only when j <= i (is_causal drafters; every ctx key stays visible). With
+    only when j <= i (a causal layer; every ctx key stays visible, subject to the window). With
     n_keys_base (a device int) the key count is n_keys + *n_keys_base, read on the device, and
     max_keys bounds it (sizes the grid): the launches stay valid in a captured graph.
     k and v: float32, or uint16 bf16 bits (then the tensor cores below head_dim 256, `exact`
@@ -250,7 +251,8 @@ def attend(
     splits, fewer partials to combine) and bf16 K/V on the tensor cores take q and p rounded
     to bf16 (one MMA a product instead of the hi/lo two). out_b: a uint16 array of out's
     layout that also gets the output rounded to bf16 (what the o projection's bf16 GEMM reads in
-    that mode), or None."""
+    that mode), or None. sink: float32 [n_head], a learned logit per query head in the softmax
+    denominator (attention sinks), or None."""
     n_seq = seqs_count(seqs)
     if out_b is not None and (
         out_b.dtype != np.uint16
@@ -332,4 +334,5 @@ def attend(
             seq_out=m * (out.strides[0] // 4),
             seq_slot=slot["seq_slot"],
             out_b=None if out_b is None else out_b[r0:],
+            sink=sink,
         )

@@ -36,7 +36,8 @@ GATHER = {
 SOFTCAP = FAMILY.kernel("softcap_inplace", "float* x, long long n, float cap")
 _BLOCK_EMBED_SIG = (
     "{t}* table, long long ld, long long n_rows_table, const int* last, int mask_id, "
-    "const float* scale, float* out, int b, long long cols"
+    "const float* scale, float* out, int b, long long cols, const float* mask_rows, "
+    "int n_mask_rows"
 )
 BLOCK_EMBED = {
     "bf16": FAMILY.kernel("block_embed_bf16", _BLOCK_EMBED_SIG.format(t="const unsigned short")),
@@ -117,10 +118,18 @@ def scatter_block_pos(
 
 
 def block_embed(
-    rt: Runtime, table: Any, last: Any, mask_id: int, scale: Any, out: Any, b: int
+    rt: Runtime,
+    table: Any,
+    last: Any,
+    mask_id: int,
+    scale: Any,
+    out: Any,
+    b: int,
+    mask_rows: Any = None,
 ) -> None:
     """out [b, cols] = [table[*last], table[mask_id] x (b-1)] * *scale for a bf16-bits or f32
-    table [V, cols]; last and scale are device pointers (read by the kernel)."""
+    table [V, cols]; last and scale are device pointers (read by the kernel). mask_rows (f32
+    [1 or b - 1, cols], a learned MASK embedding) replace the mask_id rows when given."""
     cols = table.shape[1]
     kind = "f32" if table.dtype == np.float32 else "bf16"
     rt.launch(
@@ -136,4 +145,6 @@ def block_embed(
         out=out,
         b=b,
         cols=cols,
+        mask_rows=mask_rows,
+        n_mask_rows=0 if mask_rows is None else mask_rows.shape[0],
     )

@@ -27,7 +27,8 @@ def _sig(kv: str) -> str:
         f"const float* bias, float* q_out, {kv}* k_out, {kv}* v_out, const int* row_base, "
         "long long row0, int ring, long long keep_from, const float* q_norm, "
         "const float* k_norm, const int* pos, const float* inv_freq, float rope_factor, "
-        "int rows, int n_q, int n_kv, int hd, float eps, const int* seq_slot, long long slot_kv, "
+        "int rows, int n_q, int n_kv, int hd, float eps, int interleaved, const int* seq_slot, "
+        "long long slot_kv, "
         "long long seq_src, long long seq_q, long long seq_state"
     )
 
@@ -62,6 +63,7 @@ def qkv_norm_rope(
     ring: int = 0,
     keep_from: int = 0,
     seqs: Seqs | None = None,
+    interleaved: bool = False,
 ) -> None:
     """src rows laid out q | k | v heads (n_split partials split_stride apart) -> normed and
     rotated q heads in q_out [rows, n_q*hd]; k (normed, rotated) and v heads into the cache
@@ -70,7 +72,8 @@ def qkv_norm_rope(
     (logical % ring) when ring > 0, else in row logical; logical rows below keep_from are
     skipped. seqs: a batch of sequences (grid y; pydflash.ops.seqs): src, q_out, pos and
     row_base hold `rows` rows / one round state a sequence, k_out / v_out are slot 0 of the
-    pool; None = one sequence."""
+    pool; None = one sequence. interleaved: RoPE pairs (2j, 2j + 1) (GPT-J) instead of
+    (j, j + hd/2) (NeoX rotate-half)."""
     items = rows * (n_q + 2 * n_kv)
     slot = seq_launch_args(seqs)
     slot.pop("slot_kpos")
@@ -102,6 +105,7 @@ def qkv_norm_rope(
             n_kv=n_kv,
             hd=hd,
             eps=eps,
+            interleaved=int(interleaved),
             seq_src=rows * ld_src,
             seq_q=rows * n_q * hd,
             **slot,

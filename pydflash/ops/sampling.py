@@ -33,6 +33,12 @@ CONFIDENCE_HEAD = FAMILY.kernel(
     "int rank, float* conf, float* surv",
 )
 RNG_ADVANCE = FAMILY.kernel("rng_advance", "unsigned* rng, const float* params")
+MAP_DRAFT_IDS = FAMILY.kernel("map_draft_ids", "int* tokens, int n, const int* d2t")
+SPREAD_PROBS = FAMILY.kernel(
+    "spread_probs",
+    "const float* src, long long lds, const int* t2d, int rows, int vocab, float* dst, "
+    "long long ldd",
+)
 PHILOX_FILL = FAMILY.kernel(
     "philox_fill",
     "const unsigned* rng, int stream, int row0, int rows, long long cols, float* out",
@@ -132,6 +138,30 @@ def confidence(
             rank=rank,
             conf=conf,
             surv=surv,
+        )
+
+
+def map_draft_ids(rt: Runtime, tokens: Any, n: int, d2t: Any) -> None:
+    """tokens[i] += d2t[tokens[i]]: a trimmed vocabulary's draft ids -> target ids."""
+    if n:
+        rt.launch(MAP_DRAFT_IDS, (1,), 32, tokens=tokens, n=n, d2t=d2t)
+
+
+def spread_probs(rt: Runtime, src: Any, t2d: Any, rows: int, vocab: int, dst: Any) -> None:
+    """dst [rows, vocab] = src's draft-vocabulary distributions at their target ids (t2d:
+    int32 [vocab], the draft id of each target id or -1), zeros elsewhere."""
+    if rows * vocab:
+        rt.launch(
+            SPREAD_PROBS,
+            _grid(rt, rows * vocab),
+            THREADS,
+            src=src,
+            lds=src.strides[0] // 4,
+            t2d=t2d,
+            rows=rows,
+            vocab=vocab,
+            dst=dst,
+            ldd=dst.strides[0] // 4,
         )
 
 
