@@ -278,7 +278,8 @@ def _renamed(
                 new = repl + name[len(old) :]
                 break
         if new in out:
-            problems.append(f"{name}: read as {new}, which the checkpoint also holds")
+            first = renamed.get(new, new)
+            problems.append(f"{first} and {name}: both read as {new}")
             continue
         if new != name:
             renamed[new] = name

@@ -801,3 +801,151 @@ def test_public_presets_parse_and_plan_matches_loader(preset):
     assert cfg.block_size == g["block_size"] and cfg.mask_token_id == g["mask_token_id"]
     assert cfg.attention_bias == (preset == "gpt-oss-20b-b8")
     assert cfg.rope_of(0).rope_type == ("yarn" if preset == "gpt-oss-20b-b8" else "default")
+
+
+# --------------------------------------------------------------------------- the serving engines'
+# tensor variants: renamed tensors, attention sinks, a trimmed vocabulary, a learned MASK row
+
+
+def test_encoder_names_are_renamed(tmp_path):
+    """Muse-Glimmer's assistant names fc / hidden_norm after its aux encoder (vLLM's mapper)."""
+    path = make_checkpoint(tmp_path / "c", "tiny", overrides={"tensor_names": "encoder"})
+    ckpt = Checkpoint.open(path)
+    assert ckpt.renamed == {
+        "fc.weight": "encoder.fc.weight",
+        "hidden_norm.weight": "encoder.output_norm_enc.weight",
+    }
+    want = load_file(str(path / "model.safetensors"))["encoder.fc.weight"]
+    np.testing.assert_array_equal(ckpt.read("fc.weight"), want)
+    assert not ckpt.unknown
+
+
+def test_midlayer_renamed_and_a_name_arriving_twice_refused(tmp_path):
+    src = make_checkpoint(tmp_path / "a", "tiny", overrides={"n_layer": 1})
+    arrays = all_arrays(src)
+    moved = {
+        (k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k): v
+        for k, v in arrays.items()
+    }
+    save_file(moved, str(src / "model.safetensors"))
+    assert (
+        Checkpoint.open(src).renamed["layers.0.mlp.down_proj.weight"]
+        == "midlayer.mlp.down_proj.weight"
+    )
+    moved["fc.weight"] = arrays["fc.weight"]
+    moved["encoder.fc.weight"] = arrays["fc.weight"]
+    save_file(moved, str(src / "model.safetensors"))
+    with pytest.raises(
+        CheckpointError,
+        match="both read as fc.weight",
+    ):
+        Checkpoint.open(src)
+
+
+def test_attention_sink_tensors(tmp_path):
+    path = make_checkpoint(tmp_path / "c", "tiny", overrides={"attention_sink": True})
+    ckpt = Checkpoint.open(path)
+    assert ckpt.cfg.attention_sink
+    assert ckpt.tensors["layers.1.self_attn.attention_sink_bias"].shape == (4,)
+    bad = make_checkpoint(
+        tmp_path / "d",
+        "tiny",
+        overrides={"attention_sink": True},
+        drop_tensors=["layers.0.self_attn.attention_sink_bias"],
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"layers.0.self_attn.attention_sink_bias: missing \(expected shape \[4\]\)",
+    ):
+        Checkpoint.open(bad)
+    # a sink tensor the config does not declare changes the math: refused, not ignored
+    stray = make_checkpoint(
+        tmp_path / "e",
+        "tiny",
+        extra_tensors={"layers.0.self_attn.attention_sink_bias": bf16(np.ones(4))},
+    )
+    with pytest.raises(CheckpointError, match="attention_sink_bias: not used"):
+        Checkpoint.open(stray)
+
+
+def test_trimmed_vocabulary_tensors(tmp_path):
+    path = make_checkpoint(tmp_path / "c", "tiny", overrides={"draft_vocab": 100})
+    ckpt = Checkpoint.open(path)
+    assert ckpt.cfg.draft_vocab == 100 and ckpt.tensors["lm_head.weight"].shape == (100, H)
+    d2t = ckpt.read("d2t")
+    assert d2t.dtype == np.int64 and len(set((np.arange(100) + d2t).tolist())) == 100
+    assert "d2t" in ckpt.used_shapes() and "lm_head.weight" in ckpt.used_shapes()
+    no_map = make_checkpoint(
+        tmp_path / "d", "tiny", overrides={"draft_vocab": 100}, drop_tensors=["d2t"]
+    )
+    with pytest.raises(CheckpointError, match=r"d2t: missing \(expected shape \[100\]\)"):
+        Checkpoint.open(no_map)
+    floats = make_checkpoint(
+        tmp_path / "e",
+        "tiny",
+        overrides={"draft_vocab": 100},
+        extra_tensors={"d2t": np.zeros(100, np.float32)},
+    )
+    with pytest.raises(CheckpointError, match="d2t: dtype F32 not supported"):
+        Checkpoint.open(floats)
+    stray = make_checkpoint(tmp_path / "f", "tiny", extra_tensors={"d2t": np.zeros(5, np.int64)})
+    with pytest.raises(
+        CheckpointError,
+        match="d2t: a draft-to-target id map, but config.json sets no draft_vocab_size",
+    ):
+        Checkpoint.open(stray)
+
+
+@pytest.mark.parametrize("kind, rows", [("row", 1), ("slots", 7), ("dict", 1)])
+def test_mask_embedding_file(tmp_path, kind, rows):
+    path = make_checkpoint(tmp_path / "c", "tiny", overrides={"mask_embedding": kind})
+    ckpt = Checkpoint.open(path)
+    assert ckpt.cfg.mask_embedding_rows == rows
+    assert ckpt.mask_embedding.shape == (rows, H) and ckpt.mask_embedding.dtype == np.float32
+    assert np.abs(ckpt.mask_embedding).max() > 0
+
+
+def test_mask_embedding_file_refusals(tmp_path):
+    from tools.make_checkpoint import write_torch_file
+
+    path = make_checkpoint(tmp_path / "c", "tiny")
+    write_torch_file(path / "mask_embedding.pt", np.ones((3, H), np.float32))
+    with pytest.raises(
+        CheckpointError, match=r"mask_embedding.pt: expected \[64\], \[1, 64\] or \[7, 64\]"
+    ):
+        Checkpoint.open(path)
+    write_torch_file(
+        path / "mask_embedding.pt", {"embedding": np.ones(H, np.float32), "mask_token_id": 3}
+    )
+    with pytest.raises(CheckpointError, match="mask_token_id 3 differs from the config's 255"):
+        Checkpoint.open(path)
+    (path / "mask_embedding.pt").write_bytes(b"\x80\x02legacy pickle")
+    with pytest.raises(CheckpointError, match="not a torch zip archive"):
+        Checkpoint.open(path)
+
+
+def test_torch_file_refuses_other_globals(tmp_path):
+    """A pickle naming anything but a saved tensor's globals is refused, never run."""
+    import zipfile
+
+    from pydflash import torch_file
+
+    evil = b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R."
+    with zipfile.ZipFile(tmp_path / "m.pt", "w") as z:
+        z.writestr("m/data.pkl", evil)
+    with pytest.raises(CheckpointError, match=r"refers to os.system"):
+        torch_file.load(tmp_path / "m.pt")
+
+
+def test_torch_file_reads_what_torch_writes(tmp_path):
+    """Cross-checked against torch itself where it is installed (the device machine)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    from pydflash import torch_file
+
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)[:, ::2]  # strided
+    torch.save({"embedding": t, "mask_token_id": 9}, tmp_path / "m.pt")
+    got = torch_file.load(tmp_path / "m.pt")
+    np.testing.assert_array_equal(got["embedding"], t.numpy())
+    torch.save(torch.randn(5).to(torch.bfloat16), tmp_path / "b.pt")
+    b = torch_file.load(tmp_path / "b.pt")
+    assert b.dtype == BF16 and b.shape == (5,)

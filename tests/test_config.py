@@ -789,7 +789,7 @@ def test_math_changing_keys_refused_unless_neutral(key, bad, neutral, nested):
     DflashCfg.from_dict(raw)
 
 
-# --------------------------------------------------------------------------- the checkpoint's scales
+# ------------------------------------------------------------------------- the checkpoint's scales
 
 
 @pytest.mark.parametrize("nested", [True, False])

@@ -106,24 +106,26 @@ def ind_rms(vec, w, eps):
     return np.array([float(vec[i]) / r * float(w[i]) for i in range(n)])
 
 
-def ind_rope(vec, p, inv_freq, factor=1.0):
-    """Rotate-half: pair j with j + hd/2. Angles are float32 products (the documented
-    convention shared by reference, torch and the GPU kernels); cos and sin both scaled by
-    `factor` (YaRN's attention factor)."""
+def ind_rope(vec, p, inv_freq, factor=1.0, interleaved=False):
+    """Rotate-half: pair j with j + hd/2 (interleaved, GPT-J: 2j with 2j + 1). Angles are
+    float32 products (the documented convention shared by reference, torch and the GPU
+    kernels); cos and sin both scaled by `factor` (YaRN's attention factor)."""
     hd = len(vec)
     half = hd // 2
     out = np.empty(hd)
     for j in range(half):
         a = float(np.float32(p) * np.float32(inv_freq[j]))
         c, s = factor * math.cos(a), factor * math.sin(a)
-        out[j] = vec[j] * c - vec[j + half] * s
-        out[j + half] = vec[j + half] * c + vec[j] * s
+        ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
+        out[ia] = vec[ia] * c - vec[ib] * s
+        out[ib] = vec[ib] * c + vec[ia] * s
     return out
 
 
-def ind_attend(qh, keys, vals, pq, pks, window, hd, causal=False, visible=None):
+def ind_attend(qh, keys, vals, pq, pks, window, hd, causal=False, visible=None, sink=None):
     """One query head over a list of key/value vectors (softmax with max subtraction); only
-    the first `visible` keys (by index) when given."""
+    the first `visible` keys (by index) when given; `sink` one more logit in the denominator
+    with no value."""
     scores, idx = [], []
     for j, (kvec, pk) in enumerate(zip(keys, pks)):
         if window is not None and abs(int(pq) - int(pk)) > window - 1:
@@ -134,9 +136,9 @@ def ind_attend(qh, keys, vals, pq, pks, window, hd, causal=False, visible=None):
             continue
         scores.append(sum(float(qh[d]) * float(kvec[d]) for d in range(hd)) / math.sqrt(hd))
         idx.append(j)
-    mx = max(scores)
+    mx = max(scores + ([float(sink)] if sink is not None else []))
     ex = [math.exp(s - mx) for s in scores]
-    tot = sum(ex)
+    tot = sum(ex) + (math.exp(float(sink) - mx) if sink is not None else 0.0)
     out = np.zeros(hd)
     for e, j in zip(ex, idx):
         out += (e / tot) * np.asarray(vals[j], np.float64)
@@ -181,7 +183,12 @@ def ind_forward_block(
         inv = rope.inv_freq(spec, hd)
         fac = 1.0 if no_attention_factor else rope.attention_factor(spec)
         win = None if no_window else cfg.window_of(L)
-        causal_layer = cfg.layer_sliding[L] if cfg.is_causal is None else cfg.is_causal
+        # z-lab: an explicit is_causal for every layer, else causal where the layer type
+        # slides (vLLM's use_swa windows every layer without making any causal)
+        if cfg.is_causal is not None:
+            causal_layer = cfg.is_causal
+        else:
+            causal_layer = cfg.layer_sliding[L] and not cfg.swa_every_layer
         wq, wk = W[pre + "self_attn.q_proj.weight"], W[pre + "self_attn.k_proj.weight"]
         wv, wo = W[pre + "self_attn.v_proj.weight"], W[pre + "self_attn.o_proj.weight"]
         zq, zk = np.zeros(wq.shape[0]), np.zeros(wk.shape[0])
@@ -206,7 +213,7 @@ def ind_forward_block(
                 if bias_after_norm:
                     kh = kh + bk[g * hd : (g + 1) * hd]
                 if rope_ctx or i >= ctx:
-                    kh = ind_rope(kh, p, inv, fac)
+                    kh = ind_rope(kh, p, inv, fac, cfg.rope_interleaved)
                 keys[g][i] = kh
                 vals[g][i] = vfull[g * hd : (g + 1) * hd]
         new_x = []
@@ -220,10 +227,13 @@ def ind_forward_block(
                     qh = ind_rms(qh, qn, eps)
                 if bias_after_norm:
                     qh = qh + bq[h * hd : (h + 1) * hd]
-                qh = ind_rope(qh, pos_blk[i], inv, fac)
+                qh = ind_rope(qh, pos_blk[i], inv, fac, cfg.rope_interleaved)
                 g = (h % nkv) if gqa_modulo else h // group
+                sink = W[pre + "self_attn.attention_sink_bias"][h] if cfg.attention_sink else None
                 heads.append(
-                    ind_attend(qh, keys[g], vals[g], pos_blk[i], src_pos, win, hd, causal, visible)
+                    ind_attend(
+                        qh, keys[g], vals[g], pos_blk[i], src_pos, win, hd, causal, visible, sink
+                    )
                 )
             xi = x[i] + wo @ np.concatenate(heads) + bo
             n = ind_rms(xi, W[pre + "post_attention_layernorm.weight"], eps)

@@ -1,5 +1,6 @@
-"""Scale tier: the public drafter geometries at ctx 4096, every precision, every entry point,
-against the reference (run by tools/gpu_suite.sh: pytest -m scale)."""
+"""Scale tier: the public drafter geometries at ctx 4096 (past the window where it is longer),
+every precision, every entry point, against the reference (run by tools/gpu_suite.sh: pytest
+-m scale)."""
 
 import numpy as np
 import pytest
@@ -11,12 +12,41 @@ cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 pytestmark = pytest.mark.scale
 
 
+# every public drafter's geometry (tools/make_checkpoint.py PRESETS, each from its published
+# config): DFlash v1, DSpark, the sliding-window drafters (gemma's causal sliding layers,
+# Muse-Glimmer's bidirectional ones, Ornith's 4096 window), YaRN (gpt-oss, both Kimis)
+PUBLIC = [
+    "qwen3-8b-b16",
+    "qwen3-4b-b16",
+    "gemma4-31b",
+    "gpt-oss-20b-b8",
+    "qwen3.6-27b",
+    "dspark-qwen3-8b-b7",
+    "dspark-qwen3-4b-b7",
+    "muse-glimmer-30b",
+    "ornith-1.5-35b-a3b",
+    "kimi-k2.5",
+    "kimi-k3.1-dspark",
+]
+
+
+def scale_ctx(cfg) -> int:
+    """ctx 4096, or past the sliding window where it is longer (the rings must wrap)."""
+    return max(4096, (cfg.sliding_window or 0) + 512)
+
+
 @pytest.mark.parametrize("precision", list(TOLERANCE))
-@pytest.mark.parametrize("preset", ["qwen3-8b-b16", "gemma4-31b", "gpt-oss-20b-b8"])
+@pytest.mark.parametrize("preset", PUBLIC)
 def test_public_geometry_at_ctx_4096(engine, preset_checkpoint, preset, precision):
+    """Every entry point from CuPy's default stream (check_paths: fresh inputs dropped after
+    the call, results read with cp.asnumpy) against the reference, at ctx past the window."""
     from pydflash import DflashDraft
 
     d = DflashDraft.load(engine, preset_checkpoint(preset), precision)
-    report = check_paths(engine, d, reference_for(d), 4096, np.random.default_rng(4096), vocab=4096)
-    print(f"SCALE {preset} {precision}: {report}")
+    ctx = scale_ctx(d.cfg)
+    with cp.cuda.Stream.null:
+        report = check_paths(
+            engine, d, reference_for(d), ctx, np.random.default_rng(ctx), vocab=4096
+        )
+    print(f"SCALE {preset} {precision} ctx {ctx}: {report}")
     assert report.ok(TOLERANCE[precision]), report

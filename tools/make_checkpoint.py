@@ -73,6 +73,25 @@ _TINY = {
     "block_size_nested": False,  # True: block_size inside dflash_config instead of top level
     "max_position_embeddings": 40960,
     "is_causal": None,  # None: key absent; True/False: written as is_causal
+    # the target's hidden size when it differs (target_hidden_size; fc takes n_taps of them)
+    "target_hidden": None,
+    "is_neox_style": None,  # None: key absent; False: GPT-J interleaved RoPE
+    "use_swa": None,  # None: absent; True: dflash_config.use_swa (vLLM's draft-only window)
+    "swa_window_size": None,  # written as dflash_config.swa_window_size when set
+    # True: dflash_config.attention_sink_bias and a layers.N.self_attn.attention_sink_bias [n_head]
+    "attention_sink": False,
+    # a trimmed vocabulary of this many ids: draft_vocab_size, lm_head [draft_vocab, hidden] and
+    # d2t (int64 offsets to distinct target ids)
+    "draft_vocab": None,
+    # "plain" or "encoder" (Muse-Glimmer's assistant: encoder.fc / encoder.output_norm_enc)
+    "tensor_names": "plain",
+    # None, "row" ([hidden]), "slots" ([block - 1, hidden]) or "dict" ({"embedding": [hidden],
+    # "mask_token_id"}): a learned MASK embedding written as mask_embedding.pt
+    "mask_embedding": None,
+    # extra keys written as they are: at the top level / inside dflash_config (the
+    # checkpoint's scales, final_logit_softcapping, logit_scale, ...)
+    "config_extra": None,
+    "dflash_extra": None,
 }
 
 _QWEN3_8B = dict(
@@ -149,6 +168,130 @@ PRESETS: dict[str, dict] = {
         mask_token_id=4,
         target_layer_ids=[1, 12, 23, 35, 46, 57],
         num_target_layers=60,
+        # the published config carries the target's final_logit_softcapping at top level and
+        # no is_causal: its 4 sliding layers are causal (z-lab's default)
+        config_extra={"final_logit_softcapping": 30.0},
+    ),
+    # Muse-Glimmer-30B's assistant drafter (DFlash v1; SPEC §1b): hidden 6656, 32/8 x 128,
+    # n_ff 19968, 5 sliding layers of 2048 trained non-causally (MuseGlimmerAssistantModel:
+    # SGLang and z-lab's MLX adapter force is_causal false for it), block 16, mask 201818,
+    # taps 1,13,25,37,49, theta 5e5, eps 1e-5, vocab 202048, output_multiplier
+    # 0.19611613513818404 (= sqrt(256 / 6656)) and soft-cap 20 in dflash_config, the aux
+    # encoder's tensor names (encoder.fc, encoder.output_norm_enc). num_target_layers 52 is
+    # chosen (the taps' spacing; not read from the published config).
+    "muse-glimmer-30b": dict(
+        _QWEN3_8B,
+        hidden=6656,
+        n_head=32,
+        n_kv=8,
+        head_dim=128,
+        n_ff=19968,
+        n_layer=5,
+        layer_types=["sliding_attention"] * 5,
+        sliding_window=2048,
+        vocab=202048,
+        block_size=16,
+        mask_token_id=201818,
+        target_layer_ids=[1, 13, 25, 37, 49],
+        num_target_layers=52,
+        rope_theta=500000.0,
+        eps=1e-5,
+        architectures=["MuseGlimmerAssistantModel"],
+        tensor_names="encoder",
+        dflash_extra={
+            "output_multiplier": 0.19611613513818404,
+            "final_logit_softcapping": 20.0,
+        },
+    ),
+    # ornith-ai Ornith-1.5-35B-A3B-DFlash (SPEC §1b): hidden 2048, 32/8 x 128, n_ff 6144, 6
+    # layers, 5 sliding (4096, no is_causal: causal) + 1 full (placed last, as gemma's: the
+    # order is not published where we could read it), block 16, mask 248077, 8 taps
+    # 1,6,11,16,22,27,32,37, theta 1e7, vocab 248320. num_target_layers 40 is chosen.
+    "ornith-1.5-35b-a3b": dict(
+        _QWEN3_8B,
+        hidden=2048,
+        n_head=32,
+        n_kv=8,
+        head_dim=128,
+        n_ff=6144,
+        n_layer=6,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        sliding_window=4096,
+        vocab=248320,
+        block_size=16,
+        mask_token_id=248077,
+        target_layer_ids=[1, 6, 11, 16, 22, 27, 32, 37],
+        num_target_layers=40,
+        rope_theta=10000000.0,
+        max_position_embeddings=262144,
+    ),
+    # z-lab Kimi-K2.5-DFlash (SPEC §1b; heads as vllm-ascend's test quotes its config): hidden
+    # 7168, 64/8 x 128, 6 full layers, block 8, mask 163838, taps 1,12,24,35,47,58 of 61, rope
+    # theta 50000 with YaRN factor 64 over an original 4096 (beta 32/1), mscale = mscale_all_dim
+    # = 1 (transformers' attention factor: 1.0), vocab 163840, max_position_embeddings 262144.
+    # n_ff 18432 is chosen (not published where we could read it: Kimi-K2's own dense
+    # intermediate_size).
+    "kimi-k2.5": dict(
+        _QWEN3_8B,
+        hidden=7168,
+        n_head=64,
+        n_kv=8,
+        head_dim=128,
+        n_ff=18432,
+        n_layer=6,
+        vocab=163840,
+        block_size=8,
+        mask_token_id=163838,
+        target_layer_ids=[1, 12, 24, 35, 47, 58],
+        num_target_layers=61,
+        rope_theta=50000.0,
+        rope={
+            "rope_type": "yarn",
+            "factor": 64.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        max_position_embeddings=262144,
+    ),
+    # a Kimi-K3.1-DSpark-shaped drafter (SPEC §1b, LithosAI Kimi-K3.1-Pro-DSpark): hidden 7168,
+    # 64/16 x 64, n_ff 14336, 5 full bidirectional layers, block 8, YaRN factor 16 over an
+    # original 65536, taps 7,23,67,83,91, a vanilla Markov head of rank 256 with a confidence
+    # head over [h ; W1[prev]]. Chosen (not published where we could read them): vocab 163840
+    # and theta 50000 (Kimi's), mask 163838 (as Kimi-K2.5-DFlash), DeepSpec's flat DSpark
+    # config (Qwen3DSparkModel: sample-from-anchor), num_target_layers 93.
+    "kimi-k3.1-dspark": dict(
+        _QWEN3_8B,
+        hidden=7168,
+        n_head=64,
+        n_kv=16,
+        head_dim=64,
+        n_ff=14336,
+        n_layer=5,
+        vocab=163840,
+        block_size=8,
+        mask_token_id=163838,
+        target_layer_ids=[7, 23, 67, 83, 91],
+        num_target_layers=93,
+        rope_theta=50000.0,
+        rope={
+            "rope_type": "yarn",
+            "factor": 16.0,
+            "original_max_position_embeddings": 65536,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        },
+        max_position_embeddings=1048576,
+        config_style="flat",
+        architectures=["Qwen3DSparkModel"],
+        markov_type="vanilla",
+        markov_rank=256,
+        confidence=True,
+        confidence_with_markov=True,
+        layout="sample_from_anchor",
+        is_causal=False,
     ),
     # z-lab gpt-oss-20b-DFlash (SPEC §1b): 64/8 heads x 64, n_ff 7680, 8 layers, block 8,
     # attention_bias true (q/k/v/o biases), theta 150000 with YaRN factor 32 over an original
@@ -292,7 +435,82 @@ def _generate(seed: int, name: str, shape, kind: str) -> np.ndarray:
         return _uniform_bf16(rng, shape, 0.9, 1.1)
     if kind == "bias":
         return _uniform_bf16(rng, shape, -0.02, 0.02)
+    if kind == "sink":  # a sink logit at the scale of the attention scores: it matters
+        return _uniform_bf16(rng, shape, -1.0, 3.0)
     raise ValueError(f"unknown tensor kind {kind!r} for {name}")
+
+
+def _d2t(seed: int, draft_vocab: int, vocab: int) -> np.ndarray:
+    """int64 offsets mapping draft id i to the i-th of draft_vocab distinct target ids."""
+    targets = np.sort(_tensor_rng(seed, "d2t").choice(vocab, size=draft_vocab, replace=False))
+    return (targets - np.arange(draft_vocab)).astype(np.int64)
+
+
+def _mask_embedding(seed: int, kind: str, hidden: int, block: int, mask_id: int):
+    """mask_embedding.pt's payload: [hidden], [block - 1, hidden] or a dict around [hidden]."""
+    rows = 1 if kind in ("row", "dict") else block - 1
+    a = _tensor_rng(seed, "mask_embedding").standard_normal((rows, hidden)).astype(np.float32)
+    a *= np.float32(math.sqrt(1.0 / hidden) * 8)
+    if kind == "row":
+        return a[0]
+    if kind == "dict":
+        return {"embedding": a[0], "mask_token_id": mask_id}
+    return a
+
+
+def write_torch_file(path, obj) -> None:
+    """obj (a float32 array, or a dict of str -> array or int) in torch.save's zip format: the
+    pickle opcodes torch writes for a tensor (_rebuild_tensor_v2 over a persistent FloatStorage
+    record), one data/<key> entry a storage. torch.load reads it, as pydflash.torch_file does."""
+    import struct
+    import zipfile
+
+    storages: list[np.ndarray] = []
+
+    def text(v: str) -> bytes:
+        b = v.encode("utf-8")
+        return b"X" + struct.pack("<I", len(b)) + b
+
+    def integer(v: int) -> bytes:
+        return b"J" + struct.pack("<i", v)
+
+    def ints(vals) -> bytes:
+        return b"(" + b"".join(integer(int(v)) for v in vals) + b"t"
+
+    def tensor(a: np.ndarray) -> bytes:
+        a = np.ascontiguousarray(a, np.float32)
+        storages.append(a)
+        key = str(len(storages) - 1)
+        record = b"(" + text("storage") + b"ctorch\nFloatStorage\n" + text(key) + text("cpu")
+        record += integer(a.size) + b"t" + b"Q"
+        strides = [st // 4 for st in a.strides]
+        return (
+            b"ctorch._utils\n_rebuild_tensor_v2\n("
+            + record
+            + integer(0)
+            + ints(a.shape)
+            + ints(strides)
+            + b"\x89ccollections\nOrderedDict\n)R"
+            + b"tR"
+        )
+
+    def value(v) -> bytes:
+        if isinstance(v, np.ndarray):
+            return tensor(v)
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            return integer(int(v))
+        if isinstance(v, dict):
+            return b"}(" + b"".join(text(k) + value(x) for k, x in v.items()) + b"u"
+        raise ValueError(f"write_torch_file: cannot write {type(v).__name__}")
+
+    data = b"\x80\x02" + value(obj) + b"."
+    name = pathlib.Path(path).stem
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{name}/data.pkl", data)
+        z.writestr(f"{name}/byteorder", "little")
+        z.writestr(f"{name}/version", "3\n")
+        for i, arr in enumerate(storages):
+            z.writestr(f"{name}/data/{i}", arr.tobytes())
 
 
 # ----------------------------------------------------------------------------- plan
@@ -363,6 +581,11 @@ def _resolve_geometry(preset: str, overrides: dict | None) -> dict:
     return g
 
 
+def _geometry_of(cfg: dict, preset: str, overrides: dict | None) -> dict:
+    """The resolved geometry a plan was made from (for what the plan does not carry)."""
+    return _resolve_geometry(preset, overrides)
+
+
 def checkpoint_plan(
     preset="tiny",
     *,
@@ -431,6 +654,20 @@ def checkpoint_plan(
     rope = g["rope"]
     if rope is not None and (not isinstance(rope, dict) or "rope_type" not in rope):
         raise ValueError(f"rope must be None or a dict with a rope_type, got {rope!r}")
+    if g["tensor_names"] not in ("plain", "encoder"):
+        raise ValueError(f"tensor_names must be 'plain' or 'encoder', got {g['tensor_names']!r}")
+    if g["mask_embedding"] not in (None, "row", "slots", "dict"):
+        raise ValueError(
+            f"mask_embedding must be None, 'row', 'slots' or 'dict', got {g['mask_embedding']!r}"
+        )
+    for key in ("target_hidden", "draft_vocab", "swa_window_size"):
+        if g[key] is not None and (not _is_int(g[key]) or g[key] < 1):
+            raise ValueError(f"{key} must be None or a positive integer, got {g[key]!r}")
+    if g["draft_vocab"] is not None and g["draft_vocab"] > g["vocab"]:
+        raise ValueError(f"draft_vocab {g['draft_vocab']} exceeds vocab {g['vocab']}")
+    for key in ("config_extra", "dflash_extra"):
+        if g[key] is not None and not isinstance(g[key], dict):
+            raise ValueError(f"{key} must be None or a dict, got {g[key]!r}")
     per_type = g["rope_per_layer_type"]
     if per_type is not None and (
         not isinstance(per_type, dict)
@@ -491,6 +728,24 @@ def checkpoint_plan(
         cfg["target_layer_ids"] = taps
     if g["block_size_nested"]:
         cfg.setdefault("dflash_config", {})["block_size"] = g["block_size"]
+    if g["target_hidden"] is not None:
+        cfg["target_hidden_size"] = g["target_hidden"]
+    if g["is_neox_style"] is not None:
+        cfg["is_neox_style"] = g["is_neox_style"]
+    nested_extra: dict = {}
+    if g["use_swa"] is not None:
+        nested_extra["use_swa"] = g["use_swa"]
+    if g["swa_window_size"] is not None:
+        nested_extra["swa_window_size"] = g["swa_window_size"]
+    if g["attention_sink"]:
+        nested_extra["attention_sink_bias"] = True
+    nested_extra.update(g["dflash_extra"] or {})
+    if nested_extra:
+        cfg.setdefault("dflash_config", {}).update(nested_extra)
+    cfg.update(g["config_extra"] or {})
+    draft_vocab = g["draft_vocab"]
+    if draft_vocab is not None:
+        cfg["draft_vocab_size"] = draft_vocab
     ntl = g.get("num_target_layers")
     cfg["num_target_layers"] = int(ntl) if ntl is not None else (max(taps) + 1 if taps else 0)
 
@@ -508,9 +763,11 @@ def checkpoint_plan(
             cfg["dspark_bonus_anchor"] = lay == "bonus_anchor"
 
     # ---- tensors
+    tap_hidden = hidden if g["target_hidden"] is None else g["target_hidden"]
+    enc = g["tensor_names"] == "encoder"
     plan: list[tuple[str, tuple, str]] = [
-        ("fc.weight", (hidden, len(taps) * hidden), "weight"),
-        ("hidden_norm.weight", (hidden,), "norm"),
+        ("encoder.fc.weight" if enc else "fc.weight", (hidden, len(taps) * tap_hidden), "weight"),
+        ("encoder.output_norm_enc.weight" if enc else "hidden_norm.weight", (hidden,), "norm"),
     ]
     for i in range(n_layer):
         p = f"layers.{i}."
@@ -532,6 +789,11 @@ def checkpoint_plan(
             ),
             (p + "self_attn.q_norm.weight", (hd,), "norm"),
             (p + "self_attn.k_norm.weight", (hd,), "norm"),
+            *(
+                [(p + "self_attn.attention_sink_bias", (nh,), "sink")]
+                if g["attention_sink"]
+                else []
+            ),
             (p + "post_attention_layernorm.weight", (hidden,), "norm"),
             (p + "mlp.gate_proj.weight", (n_ff, hidden), "weight"),
             (p + "mlp.up_proj.weight", (n_ff, hidden), "weight"),
@@ -561,7 +823,10 @@ def checkpoint_plan(
         ]
     if with_embed:
         plan.append(("embed_tokens.weight", (vocab, hidden), "weight"))
-    if with_lm_head:
+    if draft_vocab is not None:
+        plan.append(("lm_head.weight", (draft_vocab, hidden), "weight"))
+        plan.append(("d2t", (draft_vocab,), "d2t"))
+    elif with_lm_head:
         plan.append(("lm_head.weight", (vocab, hidden), "weight"))
     return cfg, plan
 
@@ -632,6 +897,9 @@ def _write(
         if name in extra:  # replaced (e.g. a deliberately misshapen tensor)
             arr = extra[name]
             entries.append((name, arr.nbytes, (lambda a=arr: a)))
+        elif kind == "d2t":
+            d2t = _d2t(seed, shape[0], int(cfg["vocab_size"]))
+            entries.append((name, d2t.nbytes, (lambda a=d2t: a)))
         else:
             nbytes = int(math.prod(shape)) * 2
             entries.append(
@@ -653,7 +921,7 @@ def _write(
     out.mkdir(parents=True, exist_ok=True)
     # config.json goes last: a reader that finds it (tools/gpu_suite.sh's shared presets, read
     # by parallel pytest processes) finds the weights complete
-    stale = [out / "config.json", out / "model.safetensors.index.json"]
+    stale = [out / "config.json", out / "model.safetensors.index.json", out / "mask_embedding.pt"]
     for old in list(out.glob("model*.safetensors")) + stale:
         if old.is_file():
             old.unlink()
@@ -681,6 +949,12 @@ def _write(
         with open(out / "model.safetensors.index.json", "w") as f:
             json.dump(index, f, indent=2)
             f.write("\n")
+    mask_kind = _geometry_of(cfg, preset, overrides)["mask_embedding"]
+    if mask_kind is not None:
+        b = int(cfg.get("block_size") or cfg["dflash_config"]["block_size"])
+        mask_id = cfg.get("mask_token_id", cfg.get("dflash_config", {}).get("mask_token_id"))
+        payload = _mask_embedding(seed, mask_kind, int(cfg["hidden_size"]), b, int(mask_id))
+        write_torch_file(out / "mask_embedding.pt", payload)
     with open(out / "config.json.tmp", "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
