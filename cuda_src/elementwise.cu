@@ -18,6 +18,28 @@ extern "C" __global__ void silu_mul_f32(const float* gate, const float* up, floa
     }
 }
 
+// A caller's input in another dtype -> the float32 / int32 the kernels read, in one pass:
+// bf16 bits (exact: the bits widened), f16 (exact), int64 ids (values outside [0, 2^31) become
+// -1: an id no table holds, never a wrapped valid one).
+extern "C" __global__ void bf16_to_f32(const bf16_bits* src, float* dst, long long n) {
+    for (long long i = gtid(); i < n; i += gstride()) dst[i] = bf16_to_f32(src[i]);
+}
+
+extern "C" __global__ void f16_to_f32(const unsigned short* src, float* dst, long long n) {
+    for (long long i = gtid(); i < n; i += gstride()) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(src[i]));
+        dst[i] = f;
+    }
+}
+
+extern "C" __global__ void i64_to_i32(const long long* src, int* dst, long long n) {
+    for (long long i = gtid(); i < n; i += gstride()) {
+        const long long v = src[i];
+        dst[i] = (v >= 0 && v <= 0x7fffffffll) ? (int)v : -1;
+    }
+}
+
 // x [rows, n] += row [n] (broadcast over rows).
 extern "C" __global__ void add_row_inplace_f32(float* x, const float* row, long long rows,
                                                long long n) {

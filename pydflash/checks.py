@@ -294,21 +294,50 @@ def kv_matches(kv_cfg: DflashCfg, cfg: DflashCfg, name: str = "kv") -> None:
 
 
 def is_device_array(obj: Any) -> bool:
-    return hasattr(obj, "__cuda_array_interface__") or (
-        hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray)
-    )
+    """Whether obj is a device array by protocol (probing never raises: torch's
+    __cuda_array_interface__ does for a tensor that requires grad)."""
+    if isinstance(obj, np.ndarray):
+        return False
+    for attr in ("__cuda_array_interface__", "__dlpack__"):
+        try:
+            if hasattr(obj, attr):
+                return True
+        except Exception:  # noqa: BLE001 - a property that raises is still offered
+            return True
+    return False
 
 
-def f32_rows(rt: Runtime, obj: Any, name: str, rows: int, cols: int) -> cp.ndarray:
+# The activation dtypes taken as they arrive, converted on the device in one pass into the
+# float32 the kernels read (README "Streams": what a torch / JAX target hands over). 2-byte
+# unsigned and void elements are bf16 bit patterns (the array interface's bfloat16).
+_F32_FROM = {"bfloat16": "bf16", "uint16": "bf16", "void16": "bf16", "float16": "f16"}
+
+
+def dtype_name(dtype: Any) -> str:
+    """A dtype by the name a user knows it ("bfloat16" for bf16 bits as the array interface
+    gives them)."""
+    name = np.dtype(dtype).name
+    return "bfloat16" if name == "void16" else name
+
+
+def f32_rows(
+    rt: Runtime, obj: Any, name: str, rows: int, cols: int, *, convert: bool = True
+) -> cp.ndarray:
     """A float32 device input of rows*cols values (the shape rule above, C-contiguous, 16-byte
-    aligned: the kernels load float4) -> a [rows, cols] view."""
+    aligned: the kernels load float4) -> a [rows, cols] view. With `convert`, bfloat16 and
+    float16 inputs are converted on the device (one pass into a new float32 array, queued on
+    the current stream); an output buffer takes float32 only."""
     arr = rt.as_device_array(obj, name)
-    if arr.dtype != np.float32:
-        raise ShapeError(f"{name}: dtype must be float32, found {arr.dtype}")
+    kind = _F32_FROM.get(arr.dtype.name) if convert else None
+    if arr.dtype != np.float32 and kind is None:
+        allowed = "float32, bfloat16 or float16" if convert else "float32"
+        raise ShapeError(f"{name}: dtype must be {allowed}, found {dtype_name(arr.dtype)}")
     if not rows_shape_ok(arr.shape, rows, cols):
-        raise _rows_error(name, rows, cols, arr.shape, "float32")
+        raise _rows_error(name, rows, cols, arr.shape, dtype_name(arr.dtype))
     if not arr.flags.c_contiguous:
         raise ShapeError(f"{name}: must be C-contiguous")
+    if kind is not None:
+        return _converted(rt, arr, kind).reshape(rows, cols)
     if arr.data.ptr % 16:
         raise ShapeError(
             f"{name}: device pointer must be 16-byte aligned (kernels load "
@@ -317,29 +346,58 @@ def f32_rows(rt: Runtime, obj: Any, name: str, rows: int, cols: int) -> cp.ndarr
     return arr.reshape(rows, cols)
 
 
+def _converted(rt: Runtime, arr: Any, kind: str) -> Any:
+    from .ops import elementwise
+
+    out = rt.empty(arr.size, np.float32)
+    elementwise.to_f32(rt, arr.reshape(-1).view(np.uint16), kind, out, arr.size)
+    return out
+
+
 def f32_vector(rt: Runtime, obj: Any, name: str, n: int | None = None) -> cp.ndarray:
-    """A float32 device vector (any shape, flattened) of n values when n is given."""
+    """A float32 device vector (any shape, flattened) of n values when n is given; bfloat16
+    and float16 are converted on the device."""
     arr = rt.as_device_array(obj, name).reshape(-1)
-    if arr.dtype != np.float32:
-        raise ShapeError(f"{name}: dtype must be float32, found {arr.dtype}")
+    kind = _F32_FROM.get(arr.dtype.name)
+    if arr.dtype != np.float32 and kind is None:
+        raise ShapeError(
+            f"{name}: dtype must be float32, bfloat16 or float16, found {dtype_name(arr.dtype)}"
+        )
     if n is not None and arr.size != n:
         raise ShapeError(f"{name}: expected {n} values, found {arr.size}")
+    if kind is not None:
+        if not arr.flags.c_contiguous:
+            raise ShapeError(f"{name}: must be C-contiguous")
+        return _converted(rt, arr, kind)
     return arr
 
 
 def out_rows(rt: Runtime, out: Any, name: str, rows: int, cols: int) -> cp.ndarray:
-    """The caller's output buffer (checked like an input), or a new [rows, cols] array."""
+    """The caller's output buffer (checked like an input, float32 only), or a new
+    [rows, cols] array."""
     if out is None:
         return rt.empty((rows, cols), np.float32)
-    return f32_rows(rt, out, name, rows, cols)
+    return f32_rows(rt, out, name, rows, cols, convert=False)
 
 
 def int32_ids(rt: Runtime, ids: Any, name: str, n: int | None = None) -> cp.ndarray:
-    """Host ints (range-checked) or a device int32 array -> device int32 [n]."""
+    """Host ints (range-checked) or a device int32 / int64 array (int64, torch's ids,
+    converted on the device: a value outside [0, 2^31) becomes -1, an id no table holds)
+    -> device int32 [n]."""
     if is_device_array(ids):
         arr = rt.as_device_array(ids, name).reshape(-1)
-        if arr.dtype != np.int32:
-            raise ShapeError(f"{name}: device ids must be int32, found {arr.dtype}")
+        if arr.dtype == np.int64 or arr.dtype == np.uint64:
+            from .ops import elementwise
+
+            if not arr.flags.c_contiguous:
+                raise ShapeError(f"{name}: must be C-contiguous")
+            out = rt.empty(arr.size, np.int32)
+            elementwise.to_i32(rt, arr.view(np.int64), out, arr.size)
+            arr = out
+        elif arr.dtype != np.int32:
+            raise ShapeError(
+                f"{name}: device ids must be int32 or int64, found {dtype_name(arr.dtype)}"
+            )
     else:
         host = host_int32(ids, name)
         arr = rt.empty(host.size, np.int32)

@@ -135,20 +135,26 @@ class DflashDraft(BatchApi):
                 if big is None:  # many rows: the tiled GEMM, one partial
                     big = gemm.use_gemm(e, self.fc, t)
                 ks = 1 if big else linear.k_splits(e, self.fc)
-                part = e.empty((ks, t, c.hidden))
-                gemm.project_rows(e, self.fc, x, t, part, big, ks, t * c.hidden)
-                norm.residual_rms_norm(
-                    e,
-                    out,
-                    self.hidden_norm,
-                    t,
-                    c.hidden,
-                    c.eps,
-                    part=part,
-                    n_split=ks,
-                    split_stride=t * c.hidden,
-                )
+                self._features_kernels(e, x, t, out, e.empty(ks * t * c.hidden), big)
             return out
+
+    def _features_kernels(self, e: Engine, x: Any, t: int, out: Any, part: Any, big: bool) -> None:
+        """hidden_norm(fc(x)) of t rows into out, through `part` (>= ks * t * hidden floats)."""
+        c = self.cfg
+        ks = 1 if big else linear.k_splits(e, self.fc)
+        part = part[: ks * t * c.hidden].reshape(ks, t, c.hidden)
+        gemm.project_rows(e, self.fc, x, t, part, big, ks, t * c.hidden)
+        norm.residual_rms_norm(
+            e,
+            out,
+            self.hidden_norm,
+            t,
+            c.hidden,
+            c.eps,
+            part=part,
+            n_split=ks,
+            split_stride=t * c.hidden,
+        )
 
     def forward(
         self, e: Engine, target_hidden: Any, noise_emb: Any, pos: Sequence[int] | Any, ctx: int
@@ -235,6 +241,43 @@ class DflashDraft(BatchApi):
                         interleaved=c.rope_interleaved,
                     )
             kv.commit(t)
+
+    def _commit_kernels(self, e: Engine, kv: DflashKv, t: int, staged: Any) -> None:
+        """commit's t rows (t <= COMMIT_GRAPH_ROWS) with nothing read on the host: the taps,
+        the base row and the positions come from `staged` (round_api.CommitStage), so one
+        captured graph per (kv, t) serves every len. The same kernels and arithmetic as
+        ctx_features + ingest_ctx of t rows (the decode linears: t is below the GEMM's
+        rows), the base row read on the device."""
+        c, buf = self.cfg, self._buf
+        feats = staged.feats[:t]
+        self._features_kernels(e, staged.taps[:t], t, feats, staged.part, False)
+        base, pos = staged.state[:1], staged.state[1 : 1 + t]
+        scatter_block_pos(e, kv.pos, base, pos, t)
+        ks, stride = buf.ks_kv, buf.kv_part.shape[1] * buf.kv_part.shape[-1]
+        for li, layer in enumerate(self.layers):
+            linear.project(e, layer.kv, feats, t, buf.kv_part, ksplit=ks, split_stride=stride)
+            qkv_rope.qkv_norm_rope(
+                e,
+                buf.kv_part,
+                buf.kv_part.shape[-1],
+                t,
+                0,
+                c.n_kv,
+                c.head_dim,
+                pos,
+                buf.inv_freq[li],
+                c.eps,
+                n_split=ks,
+                split_stride=stride,
+                bias=layer.kv_bias,
+                k_out=kv.k[li],
+                v_out=kv.v[li],
+                k_norm=layer.k_norm,
+                rope_factor=buf.rope_factor[li],
+                row_base=base,
+                ring=kv.layer_ring(li, c),
+                interleaved=c.rope_interleaved,
+            )
 
     def forward_round(
         self,

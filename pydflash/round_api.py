@@ -23,6 +23,7 @@ A typical round, everything on the device until the caller reads the verdict:
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ from .draft_step import (
 )
 from .errors import CapacityError, ShapeError
 from .kv import DflashKv
-from .ops import elementwise
+from .ops import elementwise, linear
 from .tensor import GpuTensor
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,6 +51,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from .weights import ConfidenceHead, MarkovHead
 
 MAX_GRAPHS_PER_KV = 8  # captured propose graphs kept per DflashKv (oldest dropped first)
+# commit calls of up to this many rows replay one captured graph per (kv, rows): a round
+# accepts at most block_size + 1 rows (drafts and the bonus); longer commits run eagerly
+COMMIT_GRAPH_ROWS = 64
+
+
+@dataclasses.dataclass
+class CommitStage:
+    """commit's device staging: the taps [rows, tap_width], their features [rows, hidden] and
+    fc's split-K partials, and [len, positions...] (int32 [1 + rows]) that the graph reads."""
+
+    taps: Any
+    feats: Any
+    part: Any
+    state: Any
 
 
 def _identity(a: Any) -> tuple:
@@ -77,6 +92,9 @@ class DraftApi:
         def _round_kernels(self, e: Engine, kv: Any, batch: Any = None) -> None: ...
         def ctx_features(self, e: Engine, taps: Any, t: int, *, big: bool | None = None) -> Any: ...
         def ingest_ctx(self, e: Engine, kv: DflashKv, feats: Any, pos_new: Any, t: int) -> None: ...
+        def _commit_kernels(self, e: Engine, kv: DflashKv, t: int, staged: Any) -> None: ...
+
+        fc: GpuTensor
 
     @property
     def kv_dtype(self) -> str:
@@ -96,6 +114,11 @@ class DraftApi:
         """Allocate the draft step's buffers (under the engine's stream contract)."""
         self._step = DraftStep(e, self.cfg, markov, confidence, self.vocab_map)
         self._propose_graphs = weakref.WeakKeyDictionary()
+        # commit: its staging buffers (made on first use) and one graph per (kv, rows)
+        self._commit: CommitStage | None = None
+        self._commit_graphs: weakref.WeakKeyDictionary[DflashKv, dict[int, Any]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- the draft step ----------------------------------------------------------------------
     def draft(
@@ -315,7 +338,7 @@ class DraftApi:
             self._check(e, kv)
             c = self.cfg
             t = checks.count(t, "t")
-            checks.f32_rows(e, taps, "taps", t, c.tap_width)
+            x = checks.f32_rows(e, taps, "taps", t, c.tap_width)
             if checks.is_device_array(positions):
                 checks.int32_ids(e, positions, "positions", t)
             elif checks.host_int32(positions, "positions").size != t:
@@ -330,12 +353,63 @@ class DraftApi:
                         f"rollback_to: {base} is past len {kv.len} (commit only rolls back)"
                     )
                 kv.check_rollback(base, "rollback_to")  # what the rings still hold
-            kv.check_positions_arg(e, positions, t, "positions", base)  # the rings' order
+            host_pos = kv.check_positions_arg(e, positions, t, "positions", base)  # rings' order
             if base + t > kv.cap:
                 raise CapacityError(f"commit: {t} rows at len {base} exceed cap {kv.cap}")
+            if self.cuda_graphs and 0 < t <= COMMIT_GRAPH_ROWS:
+                stage = self._commit_stage(e)  # allocates once (a failure changes nothing)
+                if rollback_to is not None:
+                    kv.len = base
+                self._commit_replayed(e, kv, stage, x, host_pos, t)
+                return
             # the features first: they allocate (a failure leaves len where it was)
-            feats = self.ctx_features(e, taps, t) if t else None
+            feats = self.ctx_features(e, x, t) if t else None
             if rollback_to is not None:
                 kv.len = base
             if t:
                 self.ingest_ctx(e, kv, feats, positions, t)
+
+    def _commit_stage(self, e: Engine) -> CommitStage:
+        if self._commit is None:
+            c = self.cfg
+            ks = linear.k_splits(e, self.fc)
+            rows = COMMIT_GRAPH_ROWS
+            with e.allocating(4 * rows * (c.tap_width + (ks + 1) * c.hidden + 2), "commit"):
+                self._commit = CommitStage(
+                    taps=e.empty((rows, c.tap_width)),
+                    feats=e.empty((rows, c.hidden)),
+                    part=e.empty(ks * rows * c.hidden),
+                    state=e.empty(1 + rows, np.int32),
+                )
+        return self._commit
+
+    def _commit_replayed(
+        self, e: Engine, kv: DflashKv, stage: CommitStage, x: Any, host_pos: Any, t: int
+    ) -> None:
+        """commit's t rows through one captured graph per (kv, t): the taps copied into the
+        stage, [len, positions] staged in one copy, the graph launched; the host keeps the
+        KV's bookkeeping (the same rows as ctx_features + ingest_ctx, bit for bit)."""
+        base = kv.len
+        stage.taps[:t] = x  # a device copy on the engine stream
+        if isinstance(host_pos, np.ndarray):
+            words = np.concatenate([[base], host_pos]).astype(np.int32)
+            e.copy_from_host(stage.state[: 1 + t], words)
+        else:  # device positions (rings=False): checked int32 [t]
+            e.copy_from_host(stage.state[:1], np.array([base], np.int32))
+            stage.state[1 : 1 + t] = host_pos
+        graphs = self._commit_graphs.setdefault(kv, {})
+        graph = graphs.get(t)
+        if graph is not None:
+            graph.launch(e.stream)
+        else:
+            self._commit_kernels(e, kv, t, stage)
+            with e.capture_stream:
+                e.capture_stream.begin_capture()
+                try:
+                    self._commit_kernels(e, kv, t, stage)
+                finally:
+                    graph = e.capture_stream.end_capture()
+            graphs[t] = graph  # at most COMMIT_GRAPH_ROWS of them a KV
+        if isinstance(host_pos, np.ndarray):
+            kv.record_positions(host_pos, base)
+        kv.commit(t)

@@ -6,11 +6,13 @@ Stream contract (SPEC §7b, README "Streams"), the CuPy / torch convention:
   caller's current CuPy stream, and the caller's stream waits for that work, so anything queued
   there later (a `cp.asnumpy`, a kernel, freeing and reusing an input's memory) sees the
   results. Both are device-side event waits; the host never waits;
-- inputs given through `__cuda_array_interface__` v3 with a `stream` are ordered after that
-  stream; DLPack producers are asked for the runtime's stream (`__dlpack__(stream=...)`);
+- DLPack producers (torch, JAX) are asked first, for the runtime's stream
+  (`__dlpack__(stream=...)`); inputs given through `__cuda_array_interface__` v3 with a
+  `stream` are ordered after that stream, and without one are taken as ready;
 - `stream=None` gives the runtime its own non-blocking stream; with the caller's stream
-  (`cupy.cuda.Stream`, or `Stream.from_external` / `ExternalStream` around another framework's
-  stream) calls made on it issue no cross-stream wait at all;
+  (`cupy.cuda.Stream`, `cupy.cuda.Stream.from_external(ptr)` around another framework's, or
+  such a framework's stream object directly: torch.cuda.Stream) calls made while it is
+  CuPy's current stream issue no cross-stream wait at all;
 - CUDA graphs are captured on a private capture stream (capture cannot run on the legacy
   default stream) and launched on `stream`, so any stream works, the null one too.
 """
@@ -85,11 +87,8 @@ class Runtime:
             or not 0 <= ordinal < n
         ):
             raise DeviceError(f"ordinal {ordinal!r} out of range: {n} CUDA device(s)")
-        if stream is not None and not isinstance(stream, (cp.cuda.Stream, cp.cuda.ExternalStream)):
-            raise DeviceError(
-                f"stream: expected a cupy.cuda.Stream or ExternalStream, found "
-                f"{type(stream).__name__}"
-            )
+        if stream is not None:
+            stream = as_stream(stream)
         self.ordinal = int(ordinal)
         self.device = cp.cuda.Device(self.ordinal)
         with self.device:
@@ -296,31 +295,76 @@ class Runtime:
         self._staging.append((done, mem))
 
     def as_device_array(self, obj: Any, name: str) -> cp.ndarray:
-        """A CuPy view of `obj` on this device (no copy), ordered per its protocol, or a
-        ShapeError naming the argument."""
+        """A CuPy view of `obj` on this device (no copy), ordered after its producer, or a
+        ShapeError naming the argument. Call it on the runtime stream (entry points do):
+        - a CuPy array is taken as it is (CuPy's convention: the caller's current stream,
+          which `ordered` has already waited for);
+        - a DLPack producer (torch, JAX, ...) is asked first, `__dlpack__(stream=<this
+          stream>)`: the protocol makes this stream wait for the producer's work;
+        - else `__cuda_array_interface__`: v3's `stream` is waited for; without one (v2, or
+          v3 with None) the data are taken as ready (the protocol's meaning): a producer on a
+          stream of its own must be the caller's current CuPy stream, or synchronised;
+        - a tensor that requires grad (a torch Parameter) is read through `.detach()`."""
         if isinstance(obj, cp.ndarray):
             arr = obj
-        elif hasattr(obj, "__cuda_array_interface__"):
-            arr = self._from_cuda_array_interface(obj, name)
-        elif hasattr(obj, "__dlpack__"):
-            if isinstance(obj, np.ndarray):
-                raise ShapeError(
-                    f"{name}: a host numpy array was given; pass a device array "
-                    f"(Engine.htod or cupy.asarray)"
-                )
-            with self.device:  # the current stream is the one the producer orders
-                arr = cp.from_dlpack(obj)
+        elif isinstance(obj, np.ndarray):
+            raise ShapeError(
+                f"{name}: a host numpy array was given; pass a device array "
+                f"(Engine.htod or cupy.asarray)"
+            )
         else:
-            raise ShapeError(f"{name}: expected a CuPy device array, found {type(obj).__name__}")
+            obj = _without_grad(obj)
+            if _attr(obj, "__dlpack__") is not None and _attr(obj, "__dlpack_device__"):
+                arr = self._from_dlpack(obj, name)
+            elif _attr(obj, "__cuda_array_interface__") is not None:
+                arr = self._from_cuda_array_interface(obj, name)
+            else:
+                raise ShapeError(
+                    f"{name}: expected a CUDA device array (CuPy, or an object with DLPack or "
+                    f"__cuda_array_interface__), found {type(obj).__name__}"
+                )
         if arr.device.id != self.ordinal:
             raise ShapeError(
                 f"{name}: lives on device {arr.device.id}, engine uses device {self.ordinal}"
             )
         return arr
 
-    def _from_cuda_array_interface(self, obj: Any, name: str) -> cp.ndarray:
-        cai = obj.__cuda_array_interface__
+    def _dlpack_stream(self) -> int:
+        """The stream value a DLPack producer is handed: this runtime's (1 for the legacy
+        default stream, whose pointer 0 the protocol reserves)."""
+        return self.stream.ptr or 1
+
+    def _from_dlpack(self, obj: Any, name: str) -> cp.ndarray:
+        try:
+            dev_type, dev_id = obj.__dlpack_device__()
+        except Exception as exc:  # noqa: BLE001 - a producer's own failure, named
+            raise ShapeError(f"{name}: __dlpack_device__() failed ({exc})") from None
+        if dev_type not in (_DL_CUDA, _DL_CUDA_MANAGED):
+            raise ShapeError(
+                f"{name}: a DLPack array on device type {dev_type} (not CUDA); pass a device array"
+            )
+        if dev_id != self.ordinal:
+            raise ShapeError(f"{name}: lives on device {dev_id}, engine uses device {self.ordinal}")
+        with self.device, self.stream:  # CuPy hands the producer its current stream: ours
+            try:
+                return cp.from_dlpack(obj)
+            except (NotImplementedError, TypeError, BufferError, ValueError) as exc:
+                # a dtype this CuPy cannot hold (bf16 before CuPy 14): ordered through the
+                # protocol's stream handshake, then read through the array interface
+                if _attr(obj, "__cuda_array_interface__") is None:
+                    raise ShapeError(f"{name}: cannot take its DLPack tensor ({exc})") from None
+        try:
+            obj.__dlpack__(stream=self._dlpack_stream())  # the capsule is dropped unread
+        except Exception as exc:  # noqa: BLE001
+            raise ShapeError(f"{name}: __dlpack__(stream=...) failed ({exc})") from None
+        return self._from_cuda_array_interface(obj, name, ordered=True)
+
+    def _from_cuda_array_interface(self, obj: Any, name: str, ordered: bool = False) -> cp.ndarray:
+        cai = _attr(obj, "__cuda_array_interface__")
+        if not isinstance(cai, dict) or "typestr" not in cai or "shape" not in cai:
+            raise ShapeError(f"{name}: a malformed __cuda_array_interface__")
         typestr = cai["typestr"]
+        # 2-byte void / bfloat16 elements (torch's bf16): their bits as uint16
         dtype = np.dtype(np.uint16) if typestr[1:] in ("V2", "b2") else np.dtype(typestr)
         if cai.get("strides") is not None:
             expected = tuple(
@@ -332,7 +376,7 @@ class Runtime:
                     f"{name}: only C-contiguous __cuda_array_interface__ arrays are accepted"
                 )
         producer = cai.get("stream")
-        if producer is not None:
+        if producer is not None and not ordered:
             if isinstance(producer, bool) or not isinstance(producer, int) or producer == 0:
                 raise ShapeError(
                     f"{name}: __cuda_array_interface__ stream must be None or a "
@@ -345,3 +389,59 @@ class Runtime:
             return cp.ndarray(
                 tuple(cai["shape"]), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0)
             )
+
+
+_DL_CUDA, _DL_CUDA_MANAGED = 2, 13  # DLPack device types whose memory the kernels can read
+
+
+def _attr(obj: Any, name: str) -> Any:
+    """getattr(obj, name) or None, whatever the attribute raises (torch raises RuntimeError
+    for __cuda_array_interface__ on a tensor that requires grad)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - a producer's property failing means "not offered"
+        return None
+
+
+def _without_grad(obj: Any) -> Any:
+    """A tensor that requires grad (torch's Parameter) as its detached view: the same memory,
+    read without autograd (DLPack and the array interface refuse it otherwise)."""
+    if _attr(obj, "requires_grad") is True:
+        detach = _attr(obj, "detach")
+        if callable(detach):
+            return detach()
+    return obj
+
+
+def as_stream(stream: Any) -> Any:
+    """The engine's stream argument as a CuPy stream: a cupy.cuda.Stream (an external one
+    included), or another framework's stream given by its handle (torch.cuda.Stream's
+    `cuda_stream`, or the `__cuda_stream__` protocol), wrapped without a copy."""
+    if isinstance(stream, (cp.cuda.Stream, cp.cuda.ExternalStream)):
+        return stream
+    ptr = None
+    proto = _attr(stream, "__cuda_stream__")
+    if callable(proto):
+        try:
+            got = proto()
+            ptr = got[1] if isinstance(got, tuple) else got
+        except Exception:  # noqa: BLE001
+            ptr = None
+    if ptr is None:
+        ptr = _attr(stream, "cuda_stream")
+    if isinstance(ptr, (int, np.integer)) and not isinstance(ptr, bool) and ptr >= 0:
+        return external_stream(int(ptr))
+    raise DeviceError(
+        f"stream: expected a cupy.cuda.Stream (cupy.cuda.Stream.from_external(ptr) for "
+        f"another framework's), or a stream object with cuda_stream / __cuda_stream__ "
+        f"(torch.cuda.Stream), found {type(stream).__module__}.{type(stream).__name__}"
+    )
+
+
+def external_stream(ptr: int) -> Any:
+    """A CuPy stream around a raw cudaStream_t (Stream.from_external on CuPy 14, the
+    deprecated ExternalStream before)."""
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(ptr)
+    return cp.cuda.ExternalStream(ptr)  # pragma: no cover - CuPy 13

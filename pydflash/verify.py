@@ -56,19 +56,16 @@ class Verdict:
 
 
 def _f32_matrix(rt: Runtime, obj: Any, name: str, rows: int, cols: int) -> Any:
+    """Distributions [rows, cols]: float32, or bfloat16 / float16 converted on the device."""
     arr = rt.as_device_array(obj, name)
-    if arr.dtype != np.float32:
-        raise ShapeError(f"{name}: dtype must be float32, found {arr.dtype}")
     if arr.size != rows * cols or (arr.ndim == 2 and arr.shape != (rows, cols)):
         raise ShapeError(f"{name}: expected [{rows}, {cols}], found shape {list(arr.shape)}")
-    if not arr.flags.c_contiguous:
-        raise ShapeError(f"{name}: must be C-contiguous")
-    return arr.reshape(rows, cols)
+    return checks.f32_rows(rt, arr, name, rows, cols)
 
 
 def greedy_accept(e: Runtime, draft: Any, target: Any) -> Verdict:
-    """Greedy verification: draft tokens [n] (device int32 or host ints) against the target's
-    argmax tokens [n+1]."""
+    """Greedy verification: draft tokens [n] (device int32 / int64, or host ints) against the
+    target's argmax tokens [n+1] (a torch argmax's int64 as it is)."""
     checks.require_runtime(e)
     with e.ordered():
         d = checks.int32_ids(e, draft, "draft")
@@ -91,7 +88,8 @@ def speculative_accept(
 ) -> Verdict:
     """Speculative-sampling verification (module docstring): draft tokens [n], the draft
     distributions q [n, V] they were drawn from, the target's p [n+1, V] (float32 device
-    arrays). Uniforms: Philox at (seed, offset), or u_accept [n] and u_sample [V] given."""
+    arrays, or bfloat16 / float16 converted on the device; tokens int32 or int64). Uniforms:
+    Philox at (seed, offset), or u_accept [n] and u_sample [V] given."""
     checks.require_runtime(e)
     with e.ordered():
         d = checks.int32_ids(e, draft, "draft")

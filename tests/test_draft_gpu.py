@@ -330,3 +330,38 @@ def test_each_math_feature_changes_the_answer(engine, ckpts, rng, name, feature)
         cfg = dataclasses.replace(cfg, rope=(RopeSpec("default", cfg.rope_theta),) * cfg.n_layer)
     without = ReferenceDraft(cfg, w, np.float64).forward(taps, noise, pos, 40)
     assert rel(got, without) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["swa", "medium"])
+def test_commit_replays_its_graph_bit_for_bit(engine, ckpts, rng, name):
+    """commit of 1..b+1 rows replays one captured graph per (kv, rows): as len grows past the
+    rings' wrap, with roll-backs, host and device positions, equal to the eager
+    ctx_features + ingest_ctx of a drafter without graphs, bit for bit."""
+    from pydflash import DflashDraft
+
+    e = engine
+    graphed = DflashDraft.load(e, ckpts[name], "bf16")
+    plain = DflashDraft.load(e, ckpts[name], "bf16", cuda_graphs=False)
+    c = graphed.cfg
+    kv_g, kv_p = graphed.new_kv(e, 400), plain.new_kv(e, 400)
+    ring = kv_g.ring_rows
+    done = 0
+    for step in range(40):
+        t = int(rng.integers(1, c.block_size + 2))
+        back = int(rng.integers(0, 3)) if done > 3 and step % 3 == 0 else 0
+        base = max(done - back, kv_g.rollback_floor if back else done)
+        taps = cp.asarray(rng.standard_normal((t, c.tap_width)).astype(np.float32))
+        pos = np.arange(base, base + t)
+        p = pos if ring else cp.asarray(pos.astype(np.int32))
+        rb = base if back else None
+        graphed.commit(e, kv_g, taps, p, t, rollback_to=rb)
+        plain.commit(e, kv_p, taps, p, t, rollback_to=rb)
+        done = base + t
+        assert kv_g.len == kv_p.len == done
+    assert graphed._commit_graphs[kv_g], "the graph path ran"
+    for li in range(c.n_layer):
+        np.testing.assert_array_equal(cp.asnumpy(kv_g.k[li]), cp.asnumpy(kv_p.k[li]))
+        np.testing.assert_array_equal(cp.asnumpy(kv_g.v[li]), cp.asnumpy(kv_p.v[li]))
+    np.testing.assert_array_equal(cp.asnumpy(kv_g.pos[:done]), cp.asnumpy(kv_p.pos[:done]))
+    if ring:
+        assert done > ring  # the rings wrapped

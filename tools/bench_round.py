@@ -273,8 +273,45 @@ def bench_precision(
                     kv_bytes,
                 )
             )
+        commit_host_time(cp, e, d, kv, ctx, lm_bits)
     print(f"loaded {precision} in {load_s:.2f} s; layer weights {d.weight_bytes / 1e9:.3f} GB")
     return rows
+
+
+def commit_host_time(cp, e, d, kv, ctx: int, lm_bits) -> None:
+    """Host microseconds a call of commit (t accepted rows: its replayed graph) against what
+    it ran before its graph, ctx_features + ingest_ctx launched eagerly, beside a propose's;
+    and the device time of both commits."""
+    c = d.cfg
+    with e.device, e.stream:
+        taps = cp.random.standard_normal((16, c.tap_width), dtype=np.float32)
+        feats = cp.random.standard_normal((ctx, c.hidden), dtype=np.float32)
+    kv = d.new_kv(e, ctx + 16)  # room for the commits
+    d.ingest_ctx(e, kv, feats, np.arange(ctx), ctx)
+
+    def roll_back():
+        kv.len = ctx
+
+    prop = host_us_per_call(cp, lambda: d.propose(e, kv, 1, ctx, lm_bits, lm_bits))
+    for t in (1, 4, 8):
+        pos = np.arange(ctx, ctx + t)
+
+        def graphed(t=t, pos=pos):
+            d.commit(e, kv, taps[:t], pos, t, rollback_to=ctx)
+
+        def eager(t=t, pos=pos):
+            kv.len = ctx
+            d.ingest_ctx(e, kv, d.ctx_features(e, taps[:t], t), pos, t)
+
+        g_us, e_us = host_us_per_call(cp, graphed), host_us_per_call(cp, eager)
+        g_ms = timed(cp, e.stream, graphed, 50, setup=roll_back)
+        e_ms = timed(cp, e.stream, eager, 50, setup=roll_back)
+        print(
+            f"commit {t} row(s): host {g_us:.1f} us a call replayed, {e_us:.1f} us eager "
+            f"(ctx_features + ingest_ctx), propose {prop:.1f} us; device {g_ms:.3f} / "
+            f"{e_ms:.3f} ms"
+        )
+    roll_back()
 
 
 def kernel_profile(cp, e, fn, reps: int = 5) -> list[tuple[str, float]]:

@@ -34,6 +34,11 @@ GATHER = {
     "f32": FAMILY.kernel("gather_rows_f32", _GATHER_SIG.format(t="const float")),
 }
 SOFTCAP = FAMILY.kernel("softcap_inplace", "float* x, long long n, float cap")
+TO_F32 = {
+    "bf16": FAMILY.kernel("bf16_to_f32", "const unsigned short* src, float* dst, long long n"),
+    "f16": FAMILY.kernel("f16_to_f32", "const unsigned short* src, float* dst, long long n"),
+}
+I64_TO_I32 = FAMILY.kernel("i64_to_i32", "const long long* src, int* dst, long long n")
 _BLOCK_EMBED_SIG = (
     "{t}* table, long long ld, long long n_rows_table, const int* last, int mask_id, "
     "const float* scale, float* out, int b, long long cols, const float* mask_rows, "
@@ -53,6 +58,18 @@ SCATTER_BLOCK_POS = FAMILY.kernel(
 def grid(rt: Runtime, n: int) -> tuple[int]:
     """A grid-stride launch over n elements: at most 16 blocks per SM."""
     return (min(rt.sm_count * 16, -(-n // THREADS)),)
+
+
+def to_f32(rt: Runtime, src: Any, kind: str, dst: Any, n: int) -> None:
+    """dst (float32) = src's n values: bf16 bits or f16 bits (uint16 views), exactly."""
+    if n:
+        rt.launch(TO_F32[kind], grid(rt, n), THREADS, src=src, dst=dst, n=n)
+
+
+def to_i32(rt: Runtime, src: Any, dst: Any, n: int) -> None:
+    """dst (int32) = src's n int64 ids; a value outside [0, 2^31) becomes -1."""
+    if n:
+        rt.launch(I64_TO_I32, grid(rt, n), THREADS, src=src, dst=dst, n=n)
 
 
 def add(rt: Runtime, a: Any, b: Any, out: Any, n: int) -> None:
