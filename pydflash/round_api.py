@@ -356,7 +356,10 @@ class DraftApi:
             host_pos = kv.check_positions_arg(e, positions, t, "positions", base)  # rings' order
             if base + t > kv.cap:
                 raise CapacityError(f"commit: {t} rows at len {base} exceed cap {kv.cap}")
-            if self.cuda_graphs and 0 < t <= COMMIT_GRAPH_ROWS:
+            # replayed when no row of the call overwrites another in a ring (a round's
+            # accepted rows never do: a ring holds W - 1 + 2 * block rows)
+            replay = 0 < t <= COMMIT_GRAPH_ROWS and (not kv.ring_rows or t <= kv.ring_rows)
+            if self.cuda_graphs and replay:
                 stage = self._commit_stage(e)  # allocates once (a failure changes nothing)
                 if rollback_to is not None:
                     kv.len = base

@@ -10,7 +10,7 @@ Stream contract (SPEC §7b, README "Streams"), the CuPy / torch convention:
   (`__dlpack__(stream=...)`); inputs given through `__cuda_array_interface__` v3 with a
   `stream` are ordered after that stream, and without one are taken as ready;
 - `stream=None` gives the runtime its own non-blocking stream; with the caller's stream
-  (`cupy.cuda.Stream`, `cupy.cuda.Stream.from_external(ptr)` around another framework's, or
+  (`cupy.cuda.Stream`, `cupy.cuda.Stream.from_external(obj)` around another framework's, or
   such a framework's stream object directly: torch.cuda.Stream) calls made while it is
   CuPy's current stream issue no cross-stream wait at all;
 - CUDA graphs are captured on a private capture stream (capture cannot run on the legacy
@@ -432,16 +432,26 @@ def as_stream(stream: Any) -> Any:
     if isinstance(ptr, (int, np.integer)) and not isinstance(ptr, bool) and ptr >= 0:
         return external_stream(int(ptr))
     raise DeviceError(
-        f"stream: expected a cupy.cuda.Stream (cupy.cuda.Stream.from_external(ptr) for "
-        f"another framework's), or a stream object with cuda_stream / __cuda_stream__ "
+        f"stream: expected a cupy.cuda.Stream (cupy.cuda.Stream.from_external(obj) for another "
+        f"framework's), or a stream object with cuda_stream or __cuda_stream__ "
         f"(torch.cuda.Stream), found {type(stream).__module__}.{type(stream).__name__}"
     )
 
 
+class _StreamHandle:
+    """A raw cudaStream_t under the CUDA stream protocol (what Stream.from_external takes)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
 def external_stream(ptr: int) -> Any:
-    """A CuPy stream around a raw cudaStream_t (Stream.from_external on CuPy 14, the
-    deprecated ExternalStream before)."""
+    """A CuPy stream around a raw cudaStream_t: Stream.from_external on CuPy 14 (which takes
+    an object of the __cuda_stream__ protocol), the deprecated ExternalStream before."""
     from_external = getattr(cp.cuda.Stream, "from_external", None)
     if from_external is not None:
-        return from_external(ptr)
+        return from_external(_StreamHandle(ptr))
     return cp.cuda.ExternalStream(ptr)  # pragma: no cover - CuPy 13
