@@ -5,9 +5,7 @@ DflashCfg, DflashLayer, MarkovHead, GpuTensor); `pydflash.reference` is the NumP
 GPU classes import lazily so the CPU parts work where CuPy is absent.
 """
 
-from .checkpoint import Checkpoint
 from .checks import FROM_CONFIG
-from .config import DflashCfg
 from .errors import (
     CapacityError,
     CheckpointError,
@@ -19,20 +17,22 @@ from .errors import (
     QuantizationError,
     ShapeError,
 )
-from .reference import ReferenceDraft, ReferenceKv
-from .rope import RopeSpec
+from .io.checkpoint import Checkpoint
+from .model.config import DflashCfg
+from .model.rope import RopeSpec
+from .reference.drafter import ReferenceDraft, ReferenceKv
 
 __version__ = "0.1.0"
 
 _GPU = {
-    "Engine": "engine",
-    "GpuTensor": "tensor",
-    "DflashDraft": "draft",
-    "DflashLayer": "weights",
-    "MarkovHead": "weights",
-    "DflashKv": "kv",
-    "DflashBatchKv": "batch_kv",
-    "Proposal": "draft_step",
+    "Engine": "device.engine",
+    "GpuTensor": "formats.tensor",
+    "DflashDraft": "draft.drafter",
+    "DflashLayer": "draft.weights",
+    "MarkovHead": "draft.weights",
+    "DflashKv": "draft.kv",
+    "DflashBatchKv": "draft.batch_kv",
+    "Proposal": "draft.step",
     "Verdict": "verify",
 }
 

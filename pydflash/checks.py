@@ -18,13 +18,13 @@ import ml_dtypes
 import numpy as np
 
 from .errors import CapacityError, ShapeError
-from .jsonio import brief
+from .io.jsonio import brief
 
 if TYPE_CHECKING:  # pragma: no cover
     import cupy as cp
 
-    from .config import DflashCfg
-    from .runtime import Runtime
+    from .device.runtime import Runtime
+    from .model.config import DflashCfg
 
 INT32_MAX = np.iinfo(np.int32).max
 _F32 = np.finfo(np.float32)
@@ -74,7 +74,7 @@ def embed_scale(cfg: DflashCfg, value: Any) -> float:
 
 def require_runtime(e: Any, name: str = "e") -> Runtime:
     """The engine argument of a GPU entry point, or a ShapeError naming it."""
-    from .runtime import Runtime
+    from .device.runtime import Runtime
 
     if not isinstance(e, Runtime):
         raise ShapeError(f"{name}: expected an Engine, found {type(e).__name__}")
@@ -232,8 +232,8 @@ def kv_cap(cap: Any) -> int:
 def kv_cfg(cfg: Any, cap: int) -> DflashCfg:
     """The config of a new KV cache: a DflashCfg within the bounds, whose cap + block_size
     rows of kv_dim values fit the kernels' int32 row offsets."""
-    from .bounds import check_cfg
-    from .config import DflashCfg
+    from .model.bounds import check_cfg
+    from .model.config import DflashCfg
 
     if not isinstance(cfg, DflashCfg):
         raise ShapeError(f"cfg: expected a DflashCfg, found {type(cfg).__name__}")

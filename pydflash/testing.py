@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import DflashCfg
-from .reference import ReferenceDraft
+from .model.config import DflashCfg
+from .reference.drafter import ReferenceDraft
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .draft import DflashDraft
+    from .draft.drafter import DflashDraft
 
 # rel ||gpu - ref|| / ||ref|| a GPU result must meet, per precision, against the reference fed
 # the GPU's own (dequantized) weights: what is left is activation rounding (measured ~2e-5).
@@ -32,14 +32,14 @@ PATH_ROUNDING = {"f32": 1e-4, "bf16": 3e-3}
 
 def ingest_path(e: Any, draft: DflashDraft, rows: int) -> str:
     """'gemm' or 'decode': the projection path ingest_ctx takes for a call of `rows` rows."""
-    from .ops import gemm
+    from .linear import gemm
 
     return "gemm" if all(gemm.use_gemm(e, layer.kv, rows) for layer in draft.layers) else "decode"
 
 
 def features_path(e: Any, draft: DflashDraft, rows: int) -> str:
     """'gemm' or 'decode': the projection path ctx_features takes for a call of `rows` rows."""
-    from .ops import gemm
+    from .linear import gemm
 
     return "gemm" if gemm.use_gemm(e, draft.fc, rows) else "decode"
 

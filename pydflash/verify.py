@@ -30,7 +30,7 @@ from .errors import ShapeError
 from .ops import verify as ops_verify
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .runtime import Runtime
+    from .device.runtime import Runtime
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ import pytest
 @pytest.fixture(scope="session")
 def engine():
     """The GPU engine, or a skip with the reason when this machine has no CUDA device."""
-    from pydflash.runtime import cuda_available
+    from pydflash.device.runtime import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA device (or CuPy) on this machine: GPU test skipped")

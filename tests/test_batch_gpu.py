@@ -290,7 +290,7 @@ def _bf16_vs_single(e, d, n, lens, rng, cap):
 def test_bf16_activations_equal_single_rounds_to_rounding(engine, ckpts, rng, name):
     """Enough sequences that the stacked blocks take gemm_bf16act; ragged, past the window."""
     from pydflash import DflashDraft
-    from pydflash.ops import gemm_bf16act
+    from pydflash.linear import gemm_bf16act
 
     e = engine
     d = DflashDraft.load(e, ckpts[name], "bf16")

@@ -2,9 +2,9 @@
 
 import pytest
 
-from pydflash.batch_kv import BUCKETS, MAX_BATCH, bucket, pool_bytes
+from pydflash.draft.batch_kv import BUCKETS, MAX_BATCH, bucket, pool_bytes
+from pydflash.draft.kv import kv_bytes
 from pydflash.errors import CapacityError
-from pydflash.kv import kv_bytes
 from tools.make_checkpoint import make_checkpoint
 
 
@@ -49,8 +49,8 @@ def test_a_retired_slot_and_another_engine_are_refused(tmp_path):
     import types
 
     from pydflash import Checkpoint, checks
+    from pydflash.draft.kv import DflashKv
     from pydflash.errors import ShapeError
-    from pydflash.kv import DflashKv
 
     cfg = Checkpoint.open(make_checkpoint(tmp_path / "c", "tiny", seed=4)).cfg
     kv = DflashKv.__new__(DflashKv)  # the bookkeeping of a slot view, no device arrays

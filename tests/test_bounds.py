@@ -8,9 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from pydflash import DflashCfg, bounds, jsonio
+from pydflash import DflashCfg
 from pydflash.errors import ConfigError
-from pydflash.rope import RopeSpec, tables
+from pydflash.io import jsonio
+from pydflash.model import bounds
+from pydflash.model.rope import RopeSpec, tables
 
 
 def base(**kw):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from pydflash.checkpoint import (
+from pydflash.errors import CheckpointError, ConfigError
+from pydflash.io.checkpoint import (
     CONF_B,
     CONF_W,
     EMBED,
@@ -26,8 +27,7 @@ from pydflash.checkpoint import (
     backbone_shapes,
     changes_the_math,
 )
-from pydflash.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
-from pydflash.errors import CheckpointError, ConfigError
+from pydflash.model.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
 from tools.make_checkpoint import PRESETS, make_checkpoint
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -928,7 +928,7 @@ def test_torch_file_refuses_other_globals(tmp_path):
     """A pickle naming anything but a saved tensor's globals is refused, never run."""
     import zipfile
 
-    from pydflash import torch_file
+    from pydflash.io import torch_file
 
     evil = b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R."
     with zipfile.ZipFile(tmp_path / "m.pt", "w") as z:
@@ -940,7 +940,7 @@ def test_torch_file_refuses_other_globals(tmp_path):
 def test_torch_file_reads_what_torch_writes(tmp_path):
     """Cross-checked against torch itself where it is installed (the device machine)."""
     torch = pytest.importorskip("torch", reason="torch is not installed here")
-    from pydflash import torch_file
+    from pydflash.io import torch_file
 
     t = torch.arange(24, dtype=torch.float32).reshape(4, 6)[:, ::2]  # strided
     torch.save({"embedding": t, "mask_token_id": 9}, tmp_path / "m.pt")

@@ -17,7 +17,7 @@ import pytest
 
 from pydflash import Checkpoint, ReferenceDraft
 from pydflash.errors import CheckpointError
-from pydflash.safetensors_io import read_header
+from pydflash.io.safetensors import read_header
 from tools.make_checkpoint import make_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from pydflash.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
 from pydflash.errors import ConfigError, PydflashError
+from pydflash.model.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
 
 # --------------------------------------------------------------------------- config shapes
 
@@ -636,7 +636,7 @@ def test_rope_llama3_inverse_frequencies_by_hand():
     wavelengths 2pi/inv; < 256 kept, > 1024 divided by 8, between: smooth ramp."""
     import math
 
-    from pydflash.reference import cfg_inv_freq
+    from pydflash.reference.drafter import cfg_inv_freq
 
     raw = _llama3_config()
     raw.update(head_dim=8, rope_theta=10000.0)
@@ -719,7 +719,7 @@ def test_hand_made_cfg_causality():
     assert dataclasses.replace(cfg, is_causal=True).layer_causal == (True,) * 5
     assert dataclasses.replace(cfg, layer_sliding=(False,) * 5).layer_causal == (False,) * 5
     with pytest.raises(ConfigError, match="is_causal: must be true, false or absent"):
-        from pydflash import bounds
+        from pydflash.model import bounds
 
         bounds.check_cfg(dataclasses.replace(cfg, is_causal="yes"))
 

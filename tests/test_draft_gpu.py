@@ -205,7 +205,8 @@ def test_draft_tokens_match_reference(engine, ckpts, rng, name, softcap):
 
 
 def test_draft_tokens_bf16_lm_head_and_checkpoint_lm_head(engine, ckpts, rng):
-    from pydflash import DflashDraft, quant
+    from pydflash import DflashDraft
+    from pydflash.formats import codec as quant
 
     e = engine
     d = DflashDraft.load(e, ckpts["dspark"], "bf16")  # carries lm_head: used when none given
@@ -314,7 +315,7 @@ def test_each_math_feature_changes_the_answer(engine, ckpts, rng, name, feature)
     import dataclasses
 
     from pydflash import DflashDraft
-    from pydflash.rope import RopeSpec
+    from pydflash.model.rope import RopeSpec
 
     d = DflashDraft.load(engine, ckpts[name], "f32")
     cfg, w = d.cfg, d.reference_weights()

@@ -12,10 +12,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pydflash import ReferenceDraft, quant, speculative
+from pydflash import ReferenceDraft, speculative
+from pydflash.draft.weights import head_weights
 from pydflash.errors import CapacityError, ShapeError
+from pydflash.formats import codec as quant
 from pydflash.testing import chi_square, rel
-from pydflash.weights import head_weights
 from tools.make_checkpoint import make_checkpoint
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from pydflash import quant, reference
 from pydflash.errors import ShapeError
+from pydflash.formats import codec as quant
+from pydflash.reference import drafter as reference
 from pydflash.testing import poisoned
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
@@ -43,7 +44,7 @@ def test_matmul_store_and_add(engine, rng, fmt, m, n, k):
 @pytest.mark.parametrize("m", [4, 16, 40])
 def test_split_k_partials_sum_to_the_product(engine, rng, fmt, m):
     from pydflash import GpuTensor
-    from pydflash.ops import linear
+    from pydflash.linear import decode as linear
 
     e, n, k = engine, 96, 1024
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / 32, fmt)
@@ -67,7 +68,7 @@ def test_k_splits_are_all_written(engine, rng, n, k):
     """issue 12: the split count the consumers add must equal the splits launched (90 chunks
     cut for 11 splits leave one unwritten); every partial is written, and they sum right."""
     from pydflash import GpuTensor
-    from pydflash.ops import linear
+    from pydflash.linear import decode as linear
 
     e = engine
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), "bf16")

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from pydflash import DflashCfg, GeometryError
-from pydflash.envelope import check_geometry, geometry_problems
+from pydflash.model.envelope import check_geometry, geometry_problems
 
 BASE = DflashCfg(
     hidden=2880,

@@ -21,7 +21,7 @@ def test_a_drafter_that_does_not_fit_is_refused_and_leaks_nothing(
     engine, preset_checkpoint, pool_limit
 ):
     from pydflash import DflashDraft, DflashKv
-    from pydflash.weights import precision_bytes
+    from pydflash.draft.weights import precision_bytes
 
     ckpt = preset_checkpoint("medium", seed=3)
     d = DflashDraft.load(engine, ckpt, "f32")  # compiled, and its size known

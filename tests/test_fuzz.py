@@ -26,15 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pydflash import (
-    Checkpoint,
-    DflashCfg,
-    PydflashError,
-    ReferenceDraft,
-    ReferenceKv,
-    bounds,
-    quant,
-)
+from pydflash import Checkpoint, DflashCfg, PydflashError, ReferenceDraft, ReferenceKv
+from pydflash.formats import codec as quant
+from pydflash.model import bounds
 from tools.make_checkpoint import make_checkpoint
 
 CI_EXAMPLES = int(os.environ.get("PYDFLASH_FUZZ_CI", "250"))
@@ -484,7 +478,7 @@ def apply_edits(header: dict, data: bytes, edits) -> tuple[dict, bytes]:
 
 
 def quant_bits(dtype: str) -> int:
-    from pydflash.safetensors_io import DTYPE_BITS
+    from pydflash.io.safetensors import DTYPE_BITS
 
     return DTYPE_BITS[dtype]
 

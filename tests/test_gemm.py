@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pydflash.errors import DeviceError, ShapeError
-from pydflash.ops import gemm
+from pydflash.linear import gemm
 
 
 class FakeArray:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from pydflash.errors import ShapeError
-from pydflash.ops import gemm_bf16act, linear
+from pydflash.linear import decode as linear
+from pydflash.linear import gemm_bf16act
 from tests.test_gemm import FakeArray, fake_w
 
 
@@ -215,7 +216,7 @@ def test_silu_mul_bf16_writes_bf16_rows_and_refuses_float_out():
 
 
 def test_ingest_plan_takes_the_hi_lo_products_on_sm_90_bf16_only():
-    from pydflash.ops import gemm
+    from pydflash.linear import gemm
 
     rt, _ = recording_rt()
     part = Scratch((8, 256, 2048))
@@ -244,7 +245,7 @@ def test_round_splits_fill_one_wave_on_the_tma_tiles(monkeypatch):
     buffers' count on every other tile (qwen3-8b's linears on an H200's 132 SMs)."""
     from types import SimpleNamespace
 
-    from pydflash import tensormap
+    from pydflash.device import tensormap
 
     monkeypatch.setattr(tensormap, "available", lambda: True)  # the driver probe, not a GPU
     rt = SimpleNamespace(

@@ -29,7 +29,7 @@ def needs_arch(e, tile):
 
 
 def test_every_tile_is_checked():
-    from pydflash.ops import gemm_bf16act
+    from pydflash.linear import gemm_bf16act
 
     assert set(TILES) == set(gemm_bf16act.ALL_TILES)
 
@@ -73,7 +73,8 @@ def scratch_for(m, k):
 @pytest.mark.parametrize("tile", TILES)
 def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
     from pydflash.errors import ShapeError
-    from pydflash.ops import gemm_bf16act, linear
+    from pydflash.linear import decode as linear
+    from pydflash.linear import gemm_bf16act
 
     e = engine
     needs_arch(e, tile)
@@ -126,8 +127,8 @@ def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
 @pytest.mark.parametrize("m,n_ff,k", [(64, 64, 64), (300, 8 * 37, 128), (256, 12288, 4096)])
 @pytest.mark.parametrize("tile", TILES)
 def test_silu_mul_matches_float64(engine, rng, m, n_ff, k, tile):
-    from pydflash.ops import gemm_bf16act
-    from pydflash.weights import GATE_UP_GROUP
+    from pydflash.draft.weights import GATE_UP_GROUP
+    from pydflash.linear import gemm_bf16act
 
     e = engine
     needs_arch(e, tile)
@@ -169,7 +170,7 @@ def test_silu_mul_matches_float64(engine, rng, m, n_ff, k, tile):
 
 def test_refusals(engine, rng):
     from pydflash.errors import ShapeError
-    from pydflash.ops import gemm_bf16act
+    from pydflash.linear import gemm_bf16act
 
     e = engine
     w, _ = weight(e, rng, 64, 64)
@@ -197,7 +198,7 @@ def test_split_partials_are_the_hi_and_lo_products(engine, rng, m, n, k, tile):
     = lo(x) . w^T, x = hi + lo to ~2^-16 (the exact paths' split), each within f32 summation
     rounding of its float64 product, and their sum within the split's residue of the f32
     product: gemm.matmul's accuracy, not the bf16-activation rounding."""
-    from pydflash.ops import gemm_bf16act
+    from pydflash.linear import gemm_bf16act
 
     e = engine
     needs_arch(e, tile)

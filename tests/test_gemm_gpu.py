@@ -49,7 +49,7 @@ def check_product(got, x, wd):
     [(17, 131, 32), (257, 333, 96), (1000, 129, 1056), (4096, 77, 512), (256, 256, 64)],
 )
 def test_gemm_matches_float64(engine, rng, fmt, m, n, k):
-    from pydflash.ops import gemm
+    from pydflash.linear import gemm
 
     e = engine
     w, wd = weight(e, rng, n, k, fmt)
@@ -66,7 +66,7 @@ def test_gemm_matches_float64(engine, rng, fmt, m, n, k):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gemm_at_the_ingest_shape(engine, rng, fmt):
     """qwen3-8b's kv projection of 4096 ctx rows: [4096, 4096] . [2048, 4096]^T."""
-    from pydflash.ops import gemm
+    from pydflash.linear import gemm
 
     e, m, n, k = engine, 4096, 2048, 4096
     w, wd = weight(e, rng, n, k, fmt)
@@ -83,7 +83,7 @@ def test_gemm_strides_and_unaligned_output(engine, rng, fmt):
     """x a view with a wider row stride at a row offset; out at an odd float offset with an odd
     row stride (the scalar store path); rows are independent: a row computed in a small call
     equals the same row of a large one, bit for bit."""
-    from pydflash.ops import gemm
+    from pydflash.linear import gemm
 
     e, m, n, k = engine, 300, 75, 160
     w, wd = weight(e, rng, n, k, fmt)
@@ -104,7 +104,7 @@ def test_gemm_strides_and_unaligned_output(engine, rng, fmt):
 
 def test_gemm_refuses_what_it_cannot_do(engine, rng):
     from pydflash import GpuTensor
-    from pydflash.ops import gemm
+    from pydflash.linear import gemm
 
     e = engine
     w, _ = weight(e, rng, 64, 96, "bf16")
@@ -137,7 +137,7 @@ def test_ingest_through_the_gemm(engine, preset_checkpoint, rng, precision):
     ingested in small calls (the decode path), within PATH_ROUNDING of the drafter's K/V
     storage."""
     from pydflash import DflashDraft
-    from pydflash.ops import gemm
+    from pydflash.linear import gemm
 
     e = engine
     d = DflashDraft.load(e, preset_checkpoint("medium"), precision)

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from pydflash.tensormap import box_swizzle
+from pydflash.device.tensormap import box_swizzle
 
 
 def byte_perm(x: int, y: int, sel: int) -> int:

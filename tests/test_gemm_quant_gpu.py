@@ -15,7 +15,7 @@ cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
 @pytest.fixture
 def sm90(engine):
-    from pydflash.ops import gemm_bf16act
+    from pydflash.linear import gemm_bf16act
 
     if not gemm_bf16act.tma_usable(engine):
         pytest.skip(f"gemm_quant runs on sm_90 with tensor maps, this device is {engine.arch}")
@@ -24,7 +24,7 @@ def sm90(engine):
 
 @pytest.fixture
 def enabled(monkeypatch):
-    from pydflash.ops import gemm_quant
+    from pydflash.linear import gemm_quant
 
     monkeypatch.setattr(gemm_quant, "ENABLED", True)
 
@@ -49,7 +49,7 @@ def test_split_partials_are_the_hi_and_lo_products(sm90, rng, fmt, m, n, k):
     """partial 0 = hi(x) . w^T, partial 1 = lo(x) . w^T: each within f32 summation rounding
     (a GGML block's MMA sums scaled by d, added in block order) of its float64 product, their
     sum within the split's residue of the exact product; nothing written past the partials."""
-    from pydflash.ops import gemm_quant
+    from pydflash.linear import gemm_quant
 
     e = sm90
     w, wd = weight(e, rng, n, k, fmt)
@@ -82,7 +82,7 @@ def test_split_partials_are_the_hi_and_lo_products(sm90, rng, fmt, m, n, k):
 
 
 def test_refusals_leave_the_output_untouched(sm90, rng):
-    from pydflash.ops import gemm_quant
+    from pydflash.linear import gemm_quant
 
     e = sm90
     w, _ = weight(e, rng, 64, 128, "q8_0")
@@ -120,7 +120,7 @@ def test_ingest_through_the_quant_tile(sm90, enabled, preset_checkpoint, rng, pr
     after it matches the reference, two calls match one bit for bit, and the round matches the
     one after gemm.cu's ingest (gemm_quant off) within PATH_ROUNDING."""
     from pydflash import DflashDraft
-    from pydflash.ops import gemm, gemm_quant
+    from pydflash.linear import gemm, gemm_quant
 
     e = sm90
     d = DflashDraft.load(e, preset_checkpoint("medium"), precision)

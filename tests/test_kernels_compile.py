@@ -6,7 +6,8 @@ mark compiles every family for sm_80, sm_89, sm_90 and sm_120 (CI runs it)."""
 
 import pytest
 
-from pydflash import kernels, ops
+from pydflash import ops
+from pydflash.device import kernels
 from pydflash.errors import KernelCompileError, ShapeError
 
 ARCHS = ("sm_80", "sm_89", "sm_90", "sm_120")
@@ -120,7 +121,7 @@ def test_compile_error_names_file_and_log(tmp_path, monkeypatch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_linear_v3_eight_row_tiles_compile(arch):
     """bench_linear's `v3 mt8q` Config (128 rows a warp for the quants) builds on every target."""
-    from pydflash.ops import linear_v3
+    from pydflash.linear import decode_v3 as linear_v3
 
     fam = linear_v3.kernels_for(linear_v3.Config(mt=(4, 8, 8))).family
     cubin = kernels.compile_for_arch("linear_v3", arch, fam.options)

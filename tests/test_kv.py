@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from pydflash import DflashCfg, ReferenceDraft, ReferenceKv, checks
-from pydflash.errors import CapacityError, ShapeError
-from pydflash.kv import (
+from pydflash.draft.kv import (
     DflashKv,
     kv_bytes,
     layer_rows,
@@ -18,6 +17,7 @@ from pydflash.kv import (
     ring_rows,
     round_kv_bytes,
 )
+from pydflash.errors import CapacityError, ShapeError
 from tools import make_checkpoint as mc
 from tools.make_checkpoint import make_checkpoint
 

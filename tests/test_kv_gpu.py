@@ -270,7 +270,7 @@ def test_gemma4_31b_rings_at_ctx_4500(engine, preset_checkpoint, rng):
     window: one long ingest, rounds with commits and a roll-back, against the reference; its
     KV holds one full layer and four rings of 2079 rows."""
     from pydflash import DflashDraft
-    from pydflash.kv import kv_bytes
+    from pydflash.draft.kv import kv_bytes
 
     e = engine
     d = DflashDraft.load(e, preset_checkpoint("gemma4-31b"), "bf16")

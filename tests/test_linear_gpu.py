@@ -31,7 +31,7 @@ def _integer_weights(rng, fmt, n, k):
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16"])
 def test_integer_weights_and_activations_are_exact(engine, rng, fmt, kernel):
     from pydflash import GpuTensor
-    from pydflash.ops import linear
+    from pydflash.linear import decode as linear
 
     e, n, k, m = engine, 96, 1120, 16  # 35 chunks: an odd count, a partial unroll group
     w_h = _integer_weights(rng, fmt, n, k)
@@ -52,7 +52,7 @@ def test_integer_weights_and_activations_are_exact(engine, rng, fmt, kernel):
 @pytest.mark.parametrize("k", [32, 544, 1120, 2880])
 def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k, kernel):
     from pydflash import GpuTensor
-    from pydflash.ops import linear
+    from pydflash.linear import decode as linear
 
     e = engine
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
@@ -73,7 +73,7 @@ def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k, kernel):
 @pytest.mark.parametrize("epi", ["store", "add", "silu_mul"])
 def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, fmt, epi, kernel):
     from pydflash import GpuTensor
-    from pydflash.ops import linear
+    from pydflash.linear import decode as linear
 
     e, n, k = engine, 2048, 2880
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
@@ -105,7 +105,7 @@ def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, f
 def test_a_row_view_with_unaligned_scales_equals_the_full_product(engine, rng, fmt, kernel):
     """rows(3, n) of a K = 1120 (35 chunks) quant starts its scales 2 bytes into a word."""
     from pydflash import GpuTensor
-    from pydflash.ops import linear
+    from pydflash.linear import decode as linear
 
     e, n, k, m = engine, 300, 1120, 16
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
@@ -136,7 +136,8 @@ def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture, 
     must see every value (the buffer is NaN-poisoned just before the norm), and equal a plain
     launch bit for bit."""
     from pydflash import GpuTensor
-    from pydflash.ops import linear, norm
+    from pydflash.linear import decode as linear
+    from pydflash.ops import norm
 
     e, n, k, m = engine, 6144, 4096, 16
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
@@ -190,7 +191,8 @@ def test_v3_under_v2s_plan_is_v2_bit_for_bit(engine, rng, fmt, epi, m):
     the results are linear.cu's bit for bit, the epilogue applied directly (ksplit 1) or as
     split partials."""
     from pydflash import GpuTensor
-    from pydflash.ops import linear, linear_v3
+    from pydflash.linear import decode as linear
+    from pydflash.linear import decode_v3 as linear_v3
 
     # 1000 rows: a partial row group; silu_mul needs whole 16-row gate/up tiles (992)
     e, n, k = engine, 992 if epi == "silu_mul" else 1000, 2880
@@ -224,7 +226,7 @@ def test_v3_results_do_not_depend_on_block_shape_or_configuration(engine, rng, f
     path change where a row is computed, never its sum; only the plan (K splits, inner slices)
     orders the sum."""
     from pydflash import GpuTensor
-    from pydflash.ops import linear_v3
+    from pydflash.linear import decode_v3 as linear_v3
 
     e, n, k, m = engine, 1000, 2880, 16
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
@@ -262,7 +264,8 @@ def test_v3_sampling_partials_equal_v2s(engine, rng, fmt, temp):
     """project_sample: with v2's 4 slices the partials and the stored logits are v2's bit for
     bit (capped, plus a residual row); with v3's own plan the logits agree to the rounding."""
     from pydflash import GpuTensor
-    from pydflash.ops import linear, linear_v3
+    from pydflash.linear import decode as linear
+    from pydflash.linear import decode_v3 as linear_v3
 
     e, n, k, m = engine, 3000, 1024, 11
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
@@ -299,7 +302,8 @@ def test_v3_sampling_partials_equal_v2s(engine, rng, fmt, temp):
 def test_v3_refuses_misaligned_activations_and_f32_goes_to_v2(engine, rng):
     from pydflash import GpuTensor
     from pydflash.errors import ShapeError
-    from pydflash.ops import linear, linear_v3
+    from pydflash.linear import decode as linear
+    from pydflash.linear import decode_v3 as linear_v3
 
     e, n, k, m = engine, 64, 128, 4
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32), "bf16")

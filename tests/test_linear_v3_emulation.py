@@ -20,8 +20,8 @@ import types
 import numpy as np
 import pytest
 
-from pydflash import quant
-from pydflash.ops import linear_v3
+from pydflash.formats import codec as quant
+from pydflash.linear import decode_v3 as linear_v3
 
 LD = linear_v3.ACT_LD
 NAN_BYTE = 0xFF  # a stale ring byte: 0xFFFF bf16 / 0xFFFFFFFF f32 are NaN
@@ -579,7 +579,7 @@ def test_eight_row_tile_config(rng):
 
 
 def test_stage_bytes_match_the_kernel_constants():
-    from pydflash import kernels
+    from pydflash.device import kernels
 
     src = kernels.source("linear_v3")
     assert f"#define LIN3_ACT_LD {linear_v3.ACT_LD}" in src

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from pydflash.errors import ShapeError
-from pydflash.ops import linear, linear_v3
+from pydflash.linear import decode as linear
+from pydflash.linear import decode_v3 as linear_v3
 
 H200 = dict(sm_count=132, smem_per_sm=228 * 1024, smem_per_block=227 * 1024)
 SM89 = dict(sm_count=128, smem_per_sm=100 * 1024, smem_per_block=99 * 1024)
@@ -233,7 +234,7 @@ def test_every_variant_configuration_compiles_with_its_specs():
     """Each Config tools/bench_linear.py --variants and tests/test_linear_gpu.py compile (one
     NVRTC error would end the one device run): sm_90, every kernel with its spec."""
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC is needed")
-    from pydflash import kernels
+    from pydflash.device import kernels
     from tools import bench_linear
 
     cfgs = {v.cfg for v in bench_linear.variants(["v3"], True) if v.cfg is not None}

@@ -6,7 +6,8 @@ import zipfile
 
 import pytest
 
-from pydflash import kernels, ops
+from pydflash import ops
+from pydflash.device import kernels
 
 
 def test_wheel_ships_cuda_sources_and_finds_them(tmp_path):

@@ -7,7 +7,8 @@ import struct
 
 import numpy as np
 
-from pydflash import ops, pdl
+from pydflash import ops
+from pydflash.device import pdl
 
 
 def test_launch_attribute_layout_matches_cuda_h():

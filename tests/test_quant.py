@@ -11,9 +11,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from pydflash import quant
 from pydflash.errors import PydflashError, QuantizationError
-from pydflash.quant import (
+from pydflash.formats import codec as quant
+from pydflash.formats.codec import (
     bf16_bits_from_f32,
     decode_q4_0,
     decode_q8_0,

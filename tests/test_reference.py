@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pydflash import rope  # noqa: E402
-from pydflash.checkpoint import (  # noqa: E402
+from pydflash.errors import CapacityError, ShapeError  # noqa: E402
+from pydflash.io.checkpoint import (  # noqa: E402
     CONF_B,
     CONF_W,
     GATE_B,
@@ -35,9 +35,9 @@ from pydflash.checkpoint import (  # noqa: E402
     MARKOV_W2,
     backbone_shapes,
 )
-from pydflash.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg  # noqa: E402
-from pydflash.errors import CapacityError, ShapeError  # noqa: E402
-from pydflash.reference import (  # noqa: E402
+from pydflash.model import rope  # noqa: E402
+from pydflash.model.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg  # noqa: E402
+from pydflash.reference.drafter import (  # noqa: E402
     ReferenceDraft,
     ReferenceKv,
     attention,

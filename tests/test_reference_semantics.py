@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from pydflash import FROM_CONFIG, DflashCfg, ReferenceDraft
-from pydflash.checkpoint import D2T, MASK_EMBEDDING, backbone_shapes
 from pydflash.errors import ShapeError
-from pydflash.reference import attention, rope_inv_freq, rope_neox
+from pydflash.io.checkpoint import D2T, MASK_EMBEDDING, backbone_shapes
+from pydflash.reference.drafter import attention, rope_inv_freq, rope_neox
 from tests.test_config import gemma_published
 from tests.test_reference import ind_forward_block, random_weights, tiny_cfg
 

@@ -178,7 +178,7 @@ def test_bf16_kv_stores_rounded_values_and_forward_models_them(setup):
     same cache (the GPU's default storage)."""
     import ml_dtypes
 
-    from pydflash.reference_state import kv_round
+    from pydflash.reference.state import kv_round
     from pydflash.testing import rel
 
     d, _ = setup

@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from pydflash import rope
-from pydflash.config import DflashCfg
 from pydflash.errors import ConfigError
-from pydflash.reference import cfg_inv_freq, llama3_inv_freq, rope_inv_freq
-from pydflash.rope import RopeSpec, attention_factor, inv_freq
+from pydflash.model import rope
+from pydflash.model.config import DflashCfg
+from pydflash.model.rope import RopeSpec, attention_factor, inv_freq
+from pydflash.reference.drafter import cfg_inv_freq, llama3_inv_freq, rope_inv_freq
 
 
 def yarn_by_hand(hd, theta, factor, low, high):

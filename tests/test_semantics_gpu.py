@@ -10,7 +10,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pydflash import ReferenceDraft, ReferenceKv, quant
+from pydflash import ReferenceDraft, ReferenceKv
+from pydflash.formats import codec as quant
 from pydflash.testing import TOLERANCE, rel
 from tools.make_checkpoint import make_checkpoint
 

@@ -3,7 +3,7 @@ needs the driver and runs in tests/test_gemm_bf16act_gpu.py's TMA tiles)."""
 
 import pytest
 
-from pydflash import kernels, tensormap
+from pydflash.device import kernels, tensormap
 from pydflash.errors import ShapeError
 
 

@@ -6,8 +6,11 @@ import pytest
 
 from pydflash import DflashCfg
 from pydflash.checks import check_len, count, host_int32
-from pydflash.draft import DflashDraft
-from pydflash.engine import Engine, check_attention_geometry
+from pydflash.device.engine import Engine, check_attention_geometry
+from pydflash.device.runtime import cuda_available, ordered
+from pydflash.draft.drafter import DflashDraft
+from pydflash.draft.kv import DflashKv
+from pydflash.draft.weights import PRECISIONS, precision_bytes
 from pydflash.errors import (
     CapacityError,
     CheckpointError,
@@ -15,10 +18,7 @@ from pydflash.errors import (
     QuantizationError,
     ShapeError,
 )
-from pydflash.kv import DflashKv
-from pydflash.runtime import cuda_available, ordered
-from pydflash.tensor import GpuTensor
-from pydflash.weights import PRECISIONS, precision_bytes
+from pydflash.formats.tensor import GpuTensor
 from tools.make_checkpoint import PRESETS, make_checkpoint
 
 QWEN8B = DflashCfg(

@@ -48,7 +48,8 @@ def timed_inner(cp, stream, fn, repeats: int) -> float:
 def bench_gemm(cp, e, cfg, n_taps: int, precisions, bw: float, repeats: int, rng) -> None:
     """Decode kernel vs GEMM across M (the crossover), then the GEMM against its floor."""
     from pydflash import GpuTensor
-    from pydflash.ops import gemm, linear
+    from pydflash.linear import decode as linear
+    from pydflash.linear import gemm
 
     rate = tensor_rate(cp, e.stream)
     print(f"\ntensor rate (cuBLAS f16 8192^3) {rate / 1e12:.0f} TFLOP/s; MIN_ROWS {gemm.MIN_ROWS}")
@@ -116,7 +117,8 @@ def bench_batched(
     `ksplits`), with the TFLOP/s and the floor max(weight bytes / bandwidth, FLOP / the cuBLAS
     f16 rate measured now). The layer rows add each linear's best K split."""
     from pydflash import GpuTensor
-    from pydflash.ops import gemm_bf16act, linear
+    from pydflash.linear import decode as linear
+    from pydflash.linear import gemm_bf16act
 
     rate = tensor_rate(cp, e.stream)
     print(f"\ntensor rate (cuBLAS f16 8192^3) {rate / 1e12:.0f} TFLOP/s")
@@ -222,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
 
     from pydflash import Engine, GpuTensor
-    from pydflash.config import DflashCfg
-    from pydflash.ops import attention, linear, norm
+    from pydflash.linear import decode as linear
+    from pydflash.model.config import DflashCfg
+    from pydflash.ops import attention, norm
 
     e = Engine(0)
     bw = copy_bandwidth(cp, e.stream)
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     b, h, rng = cfg.block_size, cfg.hidden, np.random.default_rng()
     n_taps = len(g["target_layer_ids"])
     if args.batched:
-        from pydflash.ops import gemm_bf16act
+        from pydflash.linear import gemm_bf16act
 
         wgmma = [gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES] if e.arch == "sm_90" else []
         args.tiles = args.tiles or list(gemm_bf16act.TILES) + wgmma

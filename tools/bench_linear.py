@@ -59,7 +59,7 @@ class Variant:
 
 
 def variants(kernels: list[str], extra: bool) -> list[Variant]:
-    from pydflash.ops import linear_v3
+    from pydflash.linear import decode_v3 as linear_v3
 
     d = linear_v3.DEFAULT
     out: list[Variant] = []
@@ -88,7 +88,8 @@ def variants(kernels: list[str], extra: bool) -> list[Variant]:
 
 def launcher(e: Any, v: Variant, w: Any, epi: str, m: int) -> tuple[Any, int, str]:
     """(call(w, x, out, resid, split_stride), K splits, plan text) of one variant and weight."""
-    from pydflash.ops import linear, linear_v3
+    from pydflash.linear import decode as linear
+    from pydflash.linear import decode_v3 as linear_v3
 
     direct = epi in ("silu_mul", "sample")
     if v.kernel == "v2":

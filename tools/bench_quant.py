@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pydflash.quant import decode_q4_0, decode_q8_0, encode_q4_0, encode_q8_0  # noqa: E402
+from pydflash.formats.codec import decode_q4_0, decode_q8_0, encode_q4_0, encode_q8_0  # noqa: E402
 
 
 def best_of(repeat: int, fn: Callable[[], object]) -> float:

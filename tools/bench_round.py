@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pydflash.ops import gemm  # noqa: E402
-from pydflash.weights import PRECISIONS  # noqa: E402
+from pydflash.draft.weights import PRECISIONS  # noqa: E402
+from pydflash.linear import gemm  # noqa: E402
 from tools.make_checkpoint import PRESETS, make_checkpoint  # noqa: E402
 
 
@@ -161,7 +161,7 @@ def bench_precision(
 ) -> list[tuple]:
     """(label, precision, op, median ms, weight bytes, extra bytes) rows for one precision."""
     from pydflash import DflashDraft
-    from pydflash.kv import round_kv_bytes
+    from pydflash.draft.kv import round_kv_bytes
 
     rows = []
     t0 = time.perf_counter()
@@ -360,7 +360,7 @@ def bench_batch(
     against the first mode's B = 1 (the exact round at B = 1 by default), and the floor =
     (layer weights + every sequence's K/V) / bandwidth."""
     from pydflash import DflashDraft
-    from pydflash.kv import round_kv_bytes
+    from pydflash.draft.kv import round_kv_bytes
 
     d = DflashDraft.load(e, ckpt, precision)
     c = d.cfg
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import cupy as cp
 
-    from pydflash.ops import gemm_bf16act, gemm_quant
+    from pydflash.linear import gemm_bf16act, gemm_quant
 
     gemm_quant.ENABLED = not args.gemm_cu_ingest
     if args.tile:

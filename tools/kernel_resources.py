@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pydflash import kernels, ops  # noqa: E402
+from pydflash import ops  # noqa: E402
+from pydflash.device import kernels
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _USED = re.compile(r"Used (\d+) registers")

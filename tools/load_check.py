@@ -30,11 +30,11 @@ from pydflash import (  # noqa: E402
     ReferenceDraft,
     ReferenceKv,
 )
+from pydflash.device.runtime import cuda_available  # noqa: E402
+from pydflash.draft.weights import PRECISIONS, precision_bytes  # noqa: E402
 from pydflash.errors import problem_lines  # noqa: E402
-from pydflash.jsonio import brief  # noqa: E402
-from pydflash.runtime import cuda_available  # noqa: E402
+from pydflash.io.jsonio import brief  # noqa: E402
 from pydflash.testing import TOLERANCE, random_inputs, rel  # noqa: E402
-from pydflash.weights import PRECISIONS, precision_bytes  # noqa: E402
 from tools.make_checkpoint import PRESETS, make_checkpoint  # noqa: E402
 
 CTX_ROWS = 64
@@ -60,7 +60,7 @@ def gib(n: int) -> str:
 
 
 def describe(ckpt: Checkpoint) -> None:
-    from pydflash import rope
+    from pydflash.model import rope
 
     c = ckpt.cfg
     print(f"checkpoint   {ckpt.path}")
@@ -127,7 +127,7 @@ def describe(ckpt: Checkpoint) -> None:
 def kv_report(c: DflashCfg) -> None:
     """KV memory per 1k ctx rows, per K/V dtype (the default of each precision), with the
     sliding layers' rings counted at their (fixed) size."""
-    from pydflash.kv import kv_bytes, ring_rows
+    from pydflash.draft.kv import kv_bytes, ring_rows
 
     print("KV cache (K and V of every layer + positions; DflashDraft.new_kv's dtype):")
     n_ring = sum(c.layer_sliding) if ring_rows(c, 1 << 20) else 0

@@ -5,7 +5,7 @@ producer's stream (no DLPack `__dlpack__(stream=...)`, a v3 `stream` ignored).""
 
 import contextlib
 
-from pydflash.runtime import Runtime, _attr, _without_grad
+from pydflash.device.runtime import Runtime, _attr, _without_grad
 
 _as_device_array = Runtime.as_device_array
 

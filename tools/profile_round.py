@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pydflash.weights import PRECISIONS  # noqa: E402
+from pydflash.draft.weights import PRECISIONS  # noqa: E402
 from tools.bench_round import synthetic_lm_head  # noqa: E402
 
 METRICS = (

@@ -2,22 +2,10 @@
 specs and its launchers. Launchers are unchecked (callers validated shapes); they queue on the
 current stream, which every entry point makes the runtime's."""
 
-from . import (
-    attention,
-    elementwise,
-    gemm,
-    gemm_bf16act,
-    gemm_quant,
-    linear,
-    linear_v3,
-    markov,
-    norm,
-    qkv_rope,
-    quant,
-    sampling,
-    stream_probe,
-    verify,
-)
+from ..linear import decode as linear
+from ..linear import decode_v3 as linear_v3
+from ..linear import gemm, gemm_bf16act, gemm_quant
+from . import attention, elementwise, markov, norm, qkv_rope, quant, sampling, stream_probe, verify
 
 FAMILIES = tuple(
     m.FAMILY

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..device.kernels import Family
 from ..errors import GeometryError, ShapeError
-from ..kernels import Family
 from .seqs import Seqs
 from .seqs import count as seqs_count
 from .seqs import launch_args as seq_launch_args
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runtime import Runtime
+    from ..device.runtime import Runtime
 
 TILE = 64  # keys per FFMA tile
 THREADS = 256  # threads of the FFMA kernel

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..kernels import Family
+from ..device.kernels import Family
 from .seqs import Seqs
 from .seqs import count as seqs_count
 from .seqs import launch_args as seq_launch_args
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runtime import Runtime
+    from ..device.runtime import Runtime
 
 THREADS = 256
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..kernels import Family
+from ..device.kernels import Family
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runtime import Runtime
+    from ..device.runtime import Runtime
 
 THREADS = 1024
 

@@ -1,0 +1,152 @@
+"""What a pool's batched rounds run on (pydflash.batch_api): `PoolRounds`, the buffers sized for
+the pool's largest bucket, the staging words, the bf16-activation scratch and the captured
+graphs (one per bucket and activations); `BatchRound`, what one round's kernels read."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import DeviceError
+from ..linear import decode as linear
+from ..linear import gemm_bf16act
+from ..ops.seqs import Seqs
+from .batch_kv import BUCKETS, MAX_BATCH, DflashBatchKv, bucket
+from .buffers import RoundBuffers
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..device.engine import Engine
+    from ..model.config import DflashCfg
+    from .weights import DflashLayer
+
+
+@dataclasses.dataclass
+class BatchRound:
+    """What one batched round's kernels read: `n` sequences (a bucket), their stacked-block
+    buffers, their round states (flat int32, 1 + b a sequence) and the slot table."""
+
+    n: int
+    buf: RoundBuffers
+    state: Any
+    slot: Any
+    slot_kv: list[int]  # per layer: elements between two slots' K rows
+    slot_kpos: int
+    scratch: Any = None  # bf16 activations of the gemm_bf16act path; None: the exact path
+    xn_b: Any = None  # bf16 copies of buf.xn, buf.attn and buf.ff, written by their producers
+    attn_b: Any = None  # (the norm, attention's combine, the gate_up GEMM's silu_mul_bf16)
+    ff_b: Any = None  # in the bf16 mode: the GEMMs that read them skip round_bf16
+    ff_in_bf16: bool = False  # set when gate_up wrote ff_b instead of buf.ff (this round)
+
+    def project(
+        self,
+        e: Engine,
+        w: Any,
+        x: Any,
+        m: int,
+        out: Any,
+        epilogue: str = "store",
+        ksplit: int = 1,
+        split_stride: int = 0,
+    ) -> None:
+        """linear.project for the round's linears, or gemm_bf16act's where it applies."""
+        if x is self.buf.ff and self.ff_in_bf16 and not gemm_bf16act.applies(e, w, m):
+            # gate_up wrote only ff_b: down must read it (the MLP's two weights share a format
+            # and the rows, so this cannot happen with pydflash.weights' precisions)
+            raise DeviceError(f"down ({w.fmt}) cannot read the bf16 ff gate_up ({m} rows) wrote")
+        if self.scratch is not None and gemm_bf16act.applies(e, w, m):
+            copies = {id(self.buf.xn): self.xn_b, id(self.buf.attn): self.attn_b}
+            rounded = copies.get(id(x)) if x is not self.buf.ff else self.ff_b
+            if x is self.buf.ff and not self.ff_in_bf16:
+                rounded = None  # buf.ff holds the f32 values: round them here
+            if epilogue == "silu_mul" and self.ff_b is not None:  # straight into down's input
+                out, epilogue = self.ff_b, "silu_mul_bf16"
+                self.ff_in_bf16 = True
+            gemm_bf16act.project(
+                e,
+                w,
+                x,
+                m,
+                out,
+                epilogue,
+                ksplit=ksplit,
+                split_stride=split_stride,
+                scratch=self.scratch,
+                rounded=rounded,
+            )
+        else:
+            linear.project(e, w, x, m, out, epilogue, ksplit=ksplit, split_stride=split_stride)
+
+    def seqs(self, layer: int) -> Seqs:
+        return Seqs(self.n, self.slot, self.slot_kv[layer], self.slot_kpos, int(self.state_ld))
+
+    @property
+    def state_ld(self) -> int:
+        return self.state.size // self.n
+
+
+class PoolRounds:
+    """A pool's batched-round buffers (sized for its largest bucket), staging words, the
+    bf16-activation scratch (on the first round that asks for it) and captured graphs (one per
+    bucket and activations)."""
+
+    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, pool: DflashBatchKv) -> None:
+        self.cap = bucket(min(pool.slots, MAX_BATCH))
+        need = RoundBuffers.nbytes(e, cfg, layer, self.cap)
+        what = f"batched-round buffers for {self.cap} sequences"
+        with e.allocating(need, what):
+            self.buf = RoundBuffers(e, cfg, layer, self.cap)
+            self.ld = 1 + cfg.block_size
+            self.io = e.zeros(self.cap * (self.ld + 1), np.int32)  # states | slot table
+        self.rows = self.cap * cfg.block_size  # stacked block rows of the largest bucket
+        self.k_max = max(cfg.hidden, cfg.q_dim, cfg.n_ff)  # the widest linear input
+        self.scratch: Any = None  # gemm_bf16act's bf16 activations, on first use
+        self.xn_b: Any = None  # and the bf16 copies of xn and attn (BatchRound)
+        self.attn_b: Any = None
+        self.ff_b: Any = None
+        self.graphs: dict[tuple[int, str], Any] = {}
+        # the bf16 mode's K splits a bucket (gemm_bf16act.round_splits; never above the
+        # buffers' own, which the f32 mode keeps): qkv, o, down
+        self.bf16_splits = {
+            n: tuple(
+                gemm_bf16act.round_splits(e, w, n * cfg.block_size, cap)
+                for w, cap in (
+                    (layer.qkv, self.buf.ks_qkv),
+                    (layer.o, self.buf.ks_o),
+                    (layer.down, self.buf.ks_down),
+                )
+            )
+            for n in BUCKETS
+            if n <= self.cap
+        }
+
+    def allocate_scratch(self, e: Engine) -> None:
+        """The bf16-activation scratch of the largest bucket (before any state is written)."""
+        if self.scratch is None:
+            count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
+            copies = self.buf.xn.size + self.buf.attn.size + self.buf.ff.size
+            with e.allocating(2 * (count + copies), f"bf16 activations of {self.cap} sequences"):
+                self.scratch = e.empty((count,), np.uint16)
+                self.xn_b = e.empty(self.buf.xn.shape, np.uint16)
+                self.attn_b = e.empty(self.buf.attn.shape, np.uint16)
+                self.ff_b = e.empty(self.buf.ff.shape, np.uint16)
+
+    def round(self, n: int, pool: DflashBatchKv, activations: str = "f32") -> BatchRound:
+        state = self.io[: n * self.ld]
+        slot = self.io[self.cap * self.ld : self.cap * self.ld + n]
+        kv_dim = pool.cfg.kv_dim
+        buf = self.buf
+        if activations == "bf16":  # the same buffers, fewer K splits where that is faster
+            buf = copy.copy(self.buf)
+            buf.ks_qkv, buf.ks_o, buf.ks_down = self.bf16_splits[n]
+        return BatchRound(
+            n,
+            buf,
+            state,
+            slot,
+            [r * kv_dim for r in pool.layer_rows],
+            pool.pos_rows,
+            *((self.scratch, self.xn_b, self.attn_b, self.ff_b) if activations == "bf16" else ()),
+        )

@@ -1,0 +1,107 @@
+"""RoundBuffers: the device buffers of a drafter's rounds and ingest chunks (allocated once per
+drafter, so ingest_ctx and forward_round never allocate), and its per-layer RoPE tables."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..linear import decode as linear
+from ..linear import gemm
+from ..model.rope import attention_factor, inv_freq
+from ..ops import attention
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..device.engine import Engine
+    from ..model.config import DflashCfg
+    from .weights import DflashLayer
+
+INGEST_CHUNK = 256  # ctx rows projected per launch in ingest_ctx (bounds its buffers)
+# kv_part's rows where ingest takes the hi/lo path (gemm.takes_hilo_ingest: hi and lo rows of
+# 2048 ctx rows a launch: 512 blocks of the wgmma tile at qwen3-8b's kv width, ~2 waves on an
+# H200; kv_part of ks_kv * INGEST_CHUNK = 1024 rows gave launches of 64-128 blocks, measured
+# 5.4-6.0 ms for 4096 rows, slower than gemm.cu's 3.6)
+HILO_ROWS = 4096
+
+
+class KSplits:
+    """The split-K factors of a layer's weights (fixed per weight and device: they size the
+    partial-sum buffers)."""
+
+    def __init__(self, e: Engine, layer: DflashLayer) -> None:
+        self.ks_qkv, self.ks_kv = linear.k_splits(e, layer.qkv), linear.k_splits(e, layer.kv)
+        self.ks_o, self.ks_down = linear.k_splits(e, layer.o), linear.k_splits(e, layer.down)
+
+
+class RoundBuffers(KSplits):
+    """Device buffers of the block rows and ingest chunks, allocated once per drafter (and once
+    per batch pool for batched rounds: `seqs` sequences' blocks stacked, seqs * block_size
+    rows), and the per-layer RoPE tables. The split-K factors are fixed per weight, so the
+    partial-sum buffers are sized here too (KSplits)."""
+
+    noise: Any  # float32 buffers, shapes in _shapes
+    out: Any
+    x: Any
+    xn: Any
+    qkv_part: Any
+    x_part: Any
+    q: Any
+    attn: Any
+    ff: Any
+    kv_part: Any
+    kv_xb: Any  # uint16, or None
+
+    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> None:
+        super().__init__(e, layer)
+        self.seqs = seqs
+        hilo = seqs == 1 and gemm.takes_hilo_ingest(e, layer.kv)
+        for name, shape in _shapes(cfg, layer, seqs, self, hilo).items():
+            setattr(self, name, e.empty(shape))
+        self.att = attention.Scratch(
+            e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
+        )
+        # ingest_ctx's hi/lo bf16 rows on sm_90 (gemm.ingest_plan): kv_part's rows, hidden wide
+        self.kv_xb = (
+            e.empty((self.kv_part.shape[0] * INGEST_CHUNK * cfg.hidden,), np.uint16)
+            if hilo
+            else None
+        )
+        specs = [cfg.rope_of(i) for i in range(cfg.n_layer)]
+        self.inv_freq = e.upload(np.stack([inv_freq(s, cfg.head_dim) for s in specs]))
+        self.rope_factor = [attention_factor(s) for s in specs]
+
+    @staticmethod
+    def nbytes(e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> int:
+        """Device bytes of the buffers of `seqs` stacked blocks (checked before allocating)."""
+        _, o_part, ml_part = attention.Scratch.shapes(
+            e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
+        )
+        hilo = seqs == 1 and gemm.takes_hilo_ingest(e, layer.kv)
+        shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo)
+        xb_bytes = 2 * shapes["kv_part"][0] * INGEST_CHUNK * cfg.hidden if hilo else 0
+        f32 = [*shapes.values(), o_part, ml_part]
+        return 4 * sum(int(np.prod(s)) for s in f32) + xb_bytes
+
+
+def _shapes(
+    cfg: DflashCfg, layer: DflashLayer, seqs: int, ks: KSplits, hilo: bool = False
+) -> dict[str, tuple]:
+    """The float32 buffers of a round over `seqs` stacked blocks, by name."""
+    m, h = seqs * cfg.block_size, cfg.hidden
+    return {
+        "noise": (m, h),  # the round's input, copied in
+        "out": (m, h),  # the round's output
+        "x": (m, h),  # the residual stream
+        "xn": (m, h),  # its normed copy
+        "qkv_part": (ks.ks_qkv, m, layer.qkv.out_features),
+        "x_part": (max(ks.ks_o, ks.ks_down), m, h),
+        "q": (m, cfg.q_dim),
+        "attn": (m, cfg.q_dim),
+        "ff": (m, cfg.n_ff),
+        "kv_part": (
+            max(ks.ks_kv, HILO_ROWS // INGEST_CHUNK) if hilo else ks.ks_kv,
+            INGEST_CHUNK,
+            2 * cfg.kv_dim,
+        ),
+    }

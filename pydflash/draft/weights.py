@@ -1,0 +1,280 @@
+"""The drafter's weights on the device: one DflashLayer per decoder layer (q/k/v fused, gate/up
+interleaved for the fused silu*up epilogue), the optional DSpark Markov head, what a precision
+costs in bytes, and the un-fused host copies the reference is fed in tests and tools."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..formats.tensor import GpuTensor
+from ..io.checkpoint import (
+    CONF_B,
+    CONF_W,
+    D2T,
+    EMBED,
+    GATE_B,
+    GATE_W,
+    JOINT_B,
+    JOINT_W,
+    LM_HEAD,
+    MARKOV_W1,
+    MARKOV_W2,
+    MASK_EMBEDDING,
+    SINK,
+    Checkpoint,
+)
+from ..model.config import DflashCfg
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..device.runtime import Runtime
+
+PRECISIONS = ("bf16", "q8_0", "q4_0", "mixed", "f32")
+GATE_UP_GROUP = 8  # gate/up rows interleave in groups of 8 (linear.cu pairs row g with g + 8)
+# the gated / rnn Markov heads' projection and its bias (f32 on the device)
+MARKOV_PROJECTIONS = {"gated": (GATE_W, GATE_B), "rnn": (JOINT_W, JOINT_B)}
+_BYTES_PER_32 = {"f32": 128, "bf16": 64, "q8_0": 34, "q4_0": 18}
+
+
+def format_for(precision: str, role: str) -> str:
+    """The storage format of a weight of `role` ("attn", "mlp", "head") at `precision`."""
+    if precision == "mixed":
+        return "q8_0" if role == "mlp" else "bf16"
+    return precision
+
+
+@dataclasses.dataclass
+class DflashLayer:
+    """One decoder layer. qkv is the fused [q; k; v] projection (qkv_bias its fused f32 bias
+    when the checkpoint has attention biases); gate_up interleaves gate and up rows in groups
+    of 8. `kv` is the view of qkv's k and v rows that ingest needs."""
+
+    qkv: GpuTensor
+    o: GpuTensor
+    gate_up: GpuTensor
+    down: GpuTensor
+    input_layernorm: Any
+    post_attention_layernorm: Any
+    q_norm: Any
+    k_norm: Any
+    window: int | None
+    qkv_bias: Any = None
+    o_bias: Any = None
+    sink: Any = None  # f32 [n_head]: the learned sink logit of each query head, or None
+    kv: GpuTensor = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        q_dim = self.o.in_features
+        self.kv = self.qkv.rows(q_dim, self.qkv.out_features)
+
+    @property
+    def kv_bias(self) -> Any:
+        return None if self.qkv_bias is None else self.qkv_bias[self.o.in_features :]
+
+
+@dataclasses.dataclass
+class MarkovHead:
+    """DSpark Markov head: w1 bf16 [V, rank] (gathered by token id), w2 [V, rank] in the
+    drafter's precision; gated/rnn variants add their projection (f32) and bias."""
+
+    kind: str
+    rank: int
+    w1: GpuTensor
+    w2: GpuTensor
+    proj: GpuTensor | None = None
+    bias: Any = None
+
+
+@dataclasses.dataclass
+class ConfidenceHead:
+    """DSpark confidence head, f32 on the device: w [hidden (+ rank with Markov)], b [1];
+    c_k = sigmoid(w . [h_k ; W1[prev_k]] + b), or w . h_k + b without the Markov features."""
+
+    w: Any
+    b: Any
+    with_markov: bool
+
+
+def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
+    """(device bytes of every weight, bytes one forward_round reads) at `precision`."""
+
+    def size(role: str, n: int, k: int) -> int:
+        return n * k // 32 * _BYTES_PER_32[format_for(precision, role)]
+
+    layer = (
+        size("attn", cfg.q_dim + 2 * cfg.kv_dim, cfg.hidden)
+        + size("attn", cfg.hidden, cfg.q_dim)
+        + size("mlp", 2 * cfg.n_ff, cfg.hidden)
+        + size("mlp", cfg.hidden, cfg.n_ff)
+    )
+    norms = 4 * (cfg.n_layer * (2 * cfg.hidden + 2 * cfg.head_dim) + 2 * cfg.hidden)
+    if cfg.attention_bias:
+        norms += 4 * cfg.n_layer * (cfg.q_dim + 2 * cfg.kv_dim + cfg.hidden)
+    total = cfg.n_layer * layer + size("attn", cfg.hidden, cfg.tap_width) + norms
+    if cfg.attention_sink:
+        total += 4 * cfg.n_layer * cfg.n_head
+    if cfg.draft_vocab is not None:  # its own bf16 lm_head and the id map
+        total += 2 * cfg.draft_vocab * cfg.hidden + 4 * cfg.draft_vocab
+    total += 4 * cfg.mask_embedding_rows * cfg.hidden
+    if cfg.has_markov and cfg.vocab_size:
+        r, kind = cfg.markov_rank, cfg.markov_type or "vanilla"
+        proj = {"vanilla": 0, "gated": r * (cfg.hidden + r), "rnn": 3 * r * (2 * r + cfg.hidden)}
+        total += 2 * cfg.vocab_size * r + size("head", cfg.vocab_size, r) + 4 * proj[kind]
+    if cfg.confidence_head:
+        total += 4 * (cfg.hidden + (cfg.markov_rank if cfg.confidence_with_markov else 0) + 1)
+    return total, cfg.n_layer * layer
+
+
+def load_weights(e: Runtime, ckpt: Checkpoint, precision: str) -> dict[str, Any]:
+    """Every device weight of a validated checkpoint, fused as the kernels want them (call
+    under the runtime's stream contract)."""
+    cfg = ckpt.cfg
+
+    def weight(names: Sequence[str], role: str, interleave: bool = False) -> GpuTensor:
+        parts = [ckpt.read_bf16_bits(n) for n in names]
+        if interleave:  # gate/up rows in groups of 8: g0..g7, u0..u7, g8..g15, ...
+            g, u = parts
+            k = g.shape[1]
+            bits = np.stack(
+                [g.reshape(-1, GATE_UP_GROUP, k), u.reshape(-1, GATE_UP_GROUP, k)], axis=1
+            ).reshape(-1, k)
+        else:
+            bits = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return GpuTensor.from_bf16_bits(e, e.upload(bits), format_for(precision, role))
+
+    def vec(*names: str) -> Any:
+        return e.upload(np.concatenate([ckpt.read_f32(n).reshape(-1) for n in names]))
+
+    bias = cfg.attention_bias
+    layers = []
+    for i in range(cfg.n_layer):
+        p, a = f"layers.{i}.", f"layers.{i}.self_attn."
+        layers.append(
+            DflashLayer(
+                qkv=weight([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"], "attn"),
+                o=weight([a + "o_proj.weight"], "attn"),
+                gate_up=weight(
+                    [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], "mlp", interleave=True
+                ),
+                down=weight([p + "mlp.down_proj.weight"], "mlp"),
+                input_layernorm=vec(p + "input_layernorm.weight"),
+                post_attention_layernorm=vec(p + "post_attention_layernorm.weight"),
+                q_norm=vec(a + "q_norm.weight"),
+                k_norm=vec(a + "k_norm.weight"),
+                window=cfg.window_of(i),
+                qkv_bias=vec(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
+                if bias
+                else None,
+                o_bias=vec(a + "o_proj.bias") if bias else None,
+                sink=vec(p + SINK) if cfg.attention_sink else None,
+            )
+        )
+    markov = None
+    if cfg.has_markov:
+        kind = cfg.markov_type or "vanilla"
+        proj_name, bias_name = MARKOV_PROJECTIONS.get(kind, ("", ""))
+        markov = MarkovHead(
+            kind=kind,
+            rank=cfg.markov_rank,
+            w1=GpuTensor.from_checkpoint(e, ckpt, MARKOV_W1, "bf16"),
+            w2=weight([MARKOV_W2], "head"),
+            proj=GpuTensor.from_host(e, ckpt.read_f32(proj_name), "f32") if proj_name else None,
+            bias=vec(bias_name) if bias_name else None,
+        )
+    confidence = None
+    if cfg.confidence_head:
+        confidence = ConfidenceHead(vec(CONF_W), vec(CONF_B), cfg.confidence_with_markov)
+    return {
+        "layers": layers,
+        "confidence": confidence,
+        "fc": weight(["fc.weight"], "attn"),
+        "hidden_norm": vec("hidden_norm.weight"),
+        "norm": vec("norm.weight"),
+        "markov": markov,
+        "embed": GpuTensor.from_checkpoint(e, ckpt, EMBED) if ckpt.has_embed else None,
+        "lm_head": GpuTensor.from_checkpoint(e, ckpt, LM_HEAD) if ckpt.has_lm_head else None,
+        "vocab_map": _vocab_map(e, ckpt) if cfg.draft_vocab is not None else None,
+        "mask_rows": None if ckpt.mask_embedding is None else e.upload(ckpt.mask_embedding),
+    }
+
+
+def _vocab_map(e: Runtime, ckpt: Checkpoint) -> tuple[Any, Any]:
+    """A trimmed vocabulary's id maps on the device: d2t (int32 offsets, checked to land in
+    the vocabulary and to be one to one) and its inverse t2d [vocab] (-1: no draft id)."""
+    from ..reference.state import d2t_table
+
+    d2t = d2t_table(ckpt.cfg, ckpt.read(D2T), D2T)
+    return e.upload(d2t.astype(np.int32)), e.upload(inverse_d2t(ckpt.cfg, d2t))
+
+
+def inverse_d2t(cfg: DflashCfg, d2t: np.ndarray) -> np.ndarray:
+    """t2d [vocab_size]: the draft id i of each target id i + d2t[i], -1 where there is none."""
+    t2d = np.full(int(cfg.vocab_size or 0), -1, np.int32)
+    t2d[np.arange(d2t.size) + d2t] = np.arange(d2t.size, dtype=np.int32)
+    return t2d
+
+
+def host_weights(
+    cfg: DflashCfg,
+    layers: Sequence[DflashLayer],
+    fc: GpuTensor,
+    hidden_norm: Any,
+    norm: Any,
+    markov: MarkovHead | None,
+    confidence: ConfidenceHead | None = None,
+    d2t: Any = None,
+    mask_rows: Any = None,
+) -> dict[str, np.ndarray]:
+    """Host float32 copies of every device weight, un-fused, under checkpoint names: exactly
+    the values the kernels multiply by (quantization included); d2t as int64, the learned
+    MASK rows under MASK_EMBEDDING."""
+    w: dict[str, np.ndarray] = {
+        "fc.weight": fc.dequantize(),
+        "hidden_norm.weight": hidden_norm.get(),
+        "norm.weight": norm.get(),
+    }
+    q, kv = cfg.q_dim, cfg.kv_dim
+    for i, layer in enumerate(layers):
+        p, a = f"layers.{i}.", f"layers.{i}.self_attn."
+        qkv = layer.qkv.dequantize()
+        w[a + "q_proj.weight"], w[a + "k_proj.weight"] = qkv[:q], qkv[q : q + kv]
+        w[a + "v_proj.weight"] = qkv[q + kv :]
+        w[a + "o_proj.weight"] = layer.o.dequantize()
+        gu = layer.gate_up.dequantize().reshape(-1, 2, GATE_UP_GROUP, cfg.hidden)
+        w[p + "mlp.gate_proj.weight"] = gu[:, 0].reshape(cfg.n_ff, cfg.hidden)
+        w[p + "mlp.up_proj.weight"] = gu[:, 1].reshape(cfg.n_ff, cfg.hidden)
+        w[p + "mlp.down_proj.weight"] = layer.down.dequantize()
+        w[p + "input_layernorm.weight"] = layer.input_layernorm.get()
+        w[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.get()
+        w[a + "q_norm.weight"], w[a + "k_norm.weight"] = layer.q_norm.get(), layer.k_norm.get()
+        if layer.qkv_bias is not None:
+            b = layer.qkv_bias.get()
+            w[a + "q_proj.bias"], w[a + "k_proj.bias"] = b[:q], b[q : q + kv]
+            w[a + "v_proj.bias"], w[a + "o_proj.bias"] = b[q + kv :], layer.o_bias.get()
+        if layer.sink is not None:
+            w[p + SINK] = layer.sink.get()
+    w.update(head_weights(markov, confidence))
+    if d2t is not None:
+        w[D2T] = d2t.get().astype(np.int64)
+    if mask_rows is not None:
+        w[MASK_EMBEDDING] = mask_rows.get()
+    return w
+
+
+def head_weights(
+    markov: MarkovHead | None, confidence: ConfidenceHead | None
+) -> dict[str, np.ndarray]:
+    """Host float32 copies of the draft-step heads only (Markov, confidence): what
+    ReferenceDraft.draft needs, without dequantizing the layers (cheap at any geometry)."""
+    w: dict[str, np.ndarray] = {}
+    if markov is not None:
+        w[MARKOV_W1], w[MARKOV_W2] = markov.w1.dequantize(), markov.w2.dequantize()
+        if markov.proj is not None:
+            proj_name, bias_name = MARKOV_PROJECTIONS[markov.kind]
+            w[proj_name], w[bias_name] = markov.proj.dequantize(), markov.bias.get()
+    if confidence is not None:
+        w[CONF_W], w[CONF_B] = confidence.w.get().reshape(1, -1), confidence.b.get().reshape(1)
+    return w

@@ -1,0 +1,386 @@
+"""gemm_bf16act.cu: the batched round's linears with activations rounded to bf16 (one MMA a
+product instead of the exact path's two), for forward_round_batch(activations="bf16").
+
+`project` has linear.project's contract for the calls a round makes (the "store" epilogue into
+`ksplit` partials split_stride apart, which the consumers add, or "silu_mul"), so the round's
+code is the same on either path; it first rounds the activations into `scratch` (bf16, at least
+m * K elements). bf16 weights only: other formats stay on the exact decode linear
+(`applies`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..device import tensormap
+from ..device.kernels import Family
+from ..errors import DeviceError, ShapeError
+from .split import CHUNK, checked_row_stride, row_stride, split_k_plan, split_problems
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..device.runtime import Runtime
+    from .split import GpuTensor
+
+# The tiles gemm_bf16act.cu instantiates: name -> (WM, WN, MT, NT, BK, STAGES): WM x WN warps,
+# a warp MT m-tiles of 16 rows x NT n-tiles of 8 outputs, K tiles of BK, a STAGES-deep ring.
+# Every one fits the 99 KiB of shared memory a block gets on sm_89 / sm_120.
+TILES = {
+    "w8_128x128_k32": (2, 4, 4, 4, 32, 4),
+    "w4_128x128_k32": (2, 2, 4, 8, 32, 4),
+    "w8_128x128_k64": (2, 4, 4, 4, 64, 3),
+    "w4_128x128_k64": (2, 2, 4, 8, 64, 3),
+    "w8_128x256_k32": (2, 4, 4, 8, 32, 4),
+    "w4_64x128_k64": (1, 4, 4, 4, 64, 4),
+}
+# sm_90 only: gemm_bf16act_sm90.cu, warpgroup MMAs (wgmma) reading both operands from shared
+# memory; 128 x 128 blocks of 2 warpgroups, K tiles of 64, a WGMMA_STAGES-deep ring
+WGMMA_TILE = "wgmma_128x128_k64"
+WGMMA_STAGES = 3
+# sm_90 only: gemm_bf16act_tma.cu, the same MMAs fed by TMA copies, warp-specialised (a producer
+# warp, two consumer warpgroups): name -> (rows of W a block, ring stages); 128 rows of X a block
+TMA_TILES = {"tma_128x128_s3": (128, 3), "tma_128x128_s6": (128, 6), "tma_128x256_s4": (256, 4)}
+TMA_THREADS = 288
+# sm_90's tile above SM90_SMALL_ROWS rows (tools/bench_kernels.py --batched on an H200, a qwen3-8b
+# layer's four linears at the round's splits: M = 256 tma_128x128_s6 217.6 us, wgmma 241.8;
+# M = 1024 816.4 against 904.9)
+SM90_TILE = "tma_128x128_s6"
+DEFAULT_TILE = "w8_128x128_k64"
+SMALL_TILE = "w4_64x128_k64"  # up to SMALL_ROWS rows: half the rows of a block, twice the blocks
+SMALL_ROWS = 128
+SM90_SMALL_ROWS = 64  # on sm_90 the wgmma tile takes over from 65 rows
+THREADS = 256  # round_bf16's block
+EPILOGUES = ("store", "silu_mul", "silu_mul_bf16")  # the last: silu_mul rounded, bf16 bits out
+
+
+def tile_shape(tile: str) -> tuple[int, int, int, int]:
+    """(rows of X, rows of W, threads, dynamic shared memory bytes) of a block of `tile`."""
+    if tile == WGMMA_TILE:  # + 1 KiB: the ring starts at a 1024-byte boundary (the swizzle)
+        return 128, 128, 256, WGMMA_STAGES * 2 * 128 * 128 + 1024
+    if tile in TMA_TILES:
+        bn, stages = TMA_TILES[tile]
+        return 128, bn, TMA_THREADS, stages * (128 + bn) * 128 + 1024
+    wm, wn, mt, nt, bk, stages = TILES[tile]
+    bm, bn = wm * mt * 16, wn * nt * 8
+    return bm, bn, 32 * wm * wn, stages * (bm + bn) * bk * 2
+
+
+# Rows from which a batched round takes this path (fewer: the exact decode linear, which at
+# M <= 32 streams the weights once or twice anyway). The batched bucket of 4 qwen3-8b blocks
+# (M = 64) is the first where tiles of 128 rows beat re-streaming (tools/bench_round.py --batch).
+MIN_ROWS = 64
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
+
+FAMILY = Family("gemm_bf16act", {})
+ROUND = FAMILY.kernel(
+    "round_bf16", "const float* X, long long ldx, unsigned short* Xb, int M, int K"
+)
+SPLIT = FAMILY.kernel(
+    "split_bf16",
+    "const float* X, long long ldx, unsigned short* Xhi, unsigned short* Xlo, int M, int K",
+)
+_SIG = (
+    "const unsigned short* W, const unsigned short* Xb, float* Y, long long ldy, int M, int N, "
+    "int K, int chunks_per_split, long long split_stride"
+)
+GEMM = {
+    (epi, tile): FAMILY.kernel(f"gemm_bf16act_{epi}_{tile}", _SIG)
+    for epi in EPILOGUES
+    for tile in TILES
+}
+FAMILY_SM90 = Family("gemm_bf16act_sm90", {"WG_STAGES": WGMMA_STAGES}, arch_specific=True)
+GEMM.update(
+    {(epi, WGMMA_TILE): FAMILY_SM90.kernel(f"gemm_bf16act_{epi}_wgmma", _SIG) for epi in EPILOGUES}
+)
+FAMILY_TMA = Family("gemm_bf16act_tma", {}, arch_specific=True)
+_SIG_TMA = "TensorMap wmap, TensorMap xmap" + _SIG[_SIG.index(", float* Y") :]
+GEMM.update(
+    {
+        (epi, tile): FAMILY_TMA.kernel(f"gemm_bf16act_{epi}_{tile}", _SIG_TMA)
+        for epi in EPILOGUES
+        for tile in TMA_TILES
+    }
+)
+ALL_TILES = (*TILES, WGMMA_TILE, *TMA_TILES)
+
+
+def pick_tile(rows: int, arch: str | None = None) -> str:
+    """The tile for `rows` rows on `arch`, from tools/bench_kernels.py --batched on an H200
+    (qwen3-8b's layer: w4_64x128_k64 133 us at M = 64 against 145 for wgmma and 203-255 for the
+    other 128-row tiles; at M = 256 wgmma 249 us, w8_128x128_k64 368 us; at M = 1024 wgmma
+    1040 us, w8_128x128_k64 1359 us)."""
+    if arch == "sm_90":  # at M = 128 wgmma 170 us against the small tile's 230 (a386ca1)
+        return SMALL_TILE if rows <= SM90_SMALL_ROWS else SM90_TILE
+    return SMALL_TILE if rows <= SMALL_ROWS else DEFAULT_TILE
+
+
+def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
+    """Whether `rows` rows through w take this path: bf16 weights, at least MIN_ROWS rows, the
+    ring fits the device's shared memory."""
+    smem = tile_shape(pick_tile(rows, getattr(rt, "arch", None)))[3]
+    return w.fmt == "bf16" and rows >= MIN_ROWS and smem <= rt.smem_per_block
+
+
+def tma_usable(rt: Runtime) -> bool:
+    """Whether the TMA tiles can run: sm_90, and a driver that encodes tensor maps and
+    launches kernels taking them (cuLaunchKernelEx)."""
+    return (
+        getattr(rt, "arch", None) == "sm_90"
+        and getattr(rt, "launches_structs", False)
+        and tensormap.available()
+    )
+
+
+def resolve_tile(rt: Runtime, tile: str, k: int, ksplit: int) -> str:
+    """`tile`, or the cp.async wgmma tile where a TMA tile cannot take the call: no tensor-map
+    support, or K splits that cut a 64-wide K tile (the TMA tiles copy whole ones)."""
+    if tile in TMA_TILES:
+        per_split = split_k_plan(k // CHUNK, ksplit)[1]
+        if not tma_usable(rt) or (ksplit > 1 and per_split % 2):
+            return WGMMA_TILE
+    return tile
+
+
+def round_splits(rt: Runtime, w: GpuTensor, m: int, cap: int) -> int:
+    """K splits of a batched round's "store" linear over m rows, at most `cap` (what the round's
+    partial buffers hold: linear.k_splits). On the TMA tiles: the most splits whose blocks still
+    fit one wave, at least one (tools/bench_kernels.py --batched 256 512 --ksplits 1 2 4 on an
+    H200, tma_128x128_s6: M = 256 qkv 1 split 30.8 us against 4 splits 44.7, o 2 splits 20.5
+    against 30.8, down 2 splits 45.5 against 54.1; at M = 512 one split each); `cap` elsewhere
+    (the tiles the splits were tuned on)."""
+    k = w.in_features
+    tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, cap)
+    if tile not in TMA_TILES or not applies(rt, w, m):
+        return cap
+    bm, bn, _, smem = tile_shape(tile)
+    per_sm = max(1, int(getattr(rt, "smem_per_sm", 0)) // (smem + 1024))  # + the block reserve
+    blocks = -(-m // bm) * -(-w.out_features // bn)
+    best = 1
+    for s in range(2, cap + 1):
+        n_splits, per_split = split_k_plan(k // CHUNK, s)
+        if n_splits == s and per_split % 2 == 0 and blocks * s <= per_sm * rt.sm_count:
+            best = s
+    return best
+
+
+def takes_ingest(rt: Runtime, w: GpuTensor) -> bool:
+    """Whether ingest_ctx's many-row projection through w runs here (project_split on the
+    wgmma tile: bf16 weights on sm_90, where it was measured against gemm.cu) instead of
+    gemm.matmul."""
+    return (
+        w.fmt == "bf16"
+        and getattr(rt, "arch", None) == "sm_90"
+        and tile_shape(WGMMA_TILE)[3] <= rt.smem_per_block
+    )
+
+
+def scratch_elements(k_max: int, rows: int) -> int:
+    """bf16 elements of the rounded-activation scratch for `rows` rows of up to k_max inputs."""
+    return rows * k_max
+
+
+def flops(m: int, n: int, k: int) -> int:
+    """Tensor-core FLOP of one call (one MMA a product)."""
+    return 2 * m * n * k
+
+
+def project(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    out: Any,
+    epilogue: str = "store",
+    *,
+    ksplit: int = 1,
+    split_stride: int = 0,
+    scratch: Any,
+    tile: str | None = None,
+    rounded: Any = None,
+) -> None:
+    """out = round_bf16(x[:m]) . w^T, queued on the current stream: "store" writes `ksplit`
+    partials (split z at out + z * split_stride floats, K cut as split_k_plan cuts it), which
+    the consumer adds; "silu_mul" writes silu(gate) * up (gate/up rows interleaved in groups of
+    8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
+    multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats
+    ("silu_mul_bf16": uint16 rows of N / 2, silu_mul rounded to bf16: the down projection's
+    rounded input);
+    scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES or
+    WGMMA_TILE (None: by the row count and the device, pick_tile). rounded: round_bf16(x) already
+    written by x's producer (uint16, contiguous rows of K, >= m rows): the GEMM reads it and the
+    rounding pass is skipped (scratch unused)."""
+    k = w.in_features
+    if tile is None:
+        tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, ksplit)
+    ldx = _check(rt, w, x, m, epilogue, ksplit, scratch, m * k, tile)
+    if rounded is not None and (
+        rounded.dtype != np.uint16
+        or rounded.ndim != 2
+        or rounded.shape[0] < m
+        or rounded.shape[1] != k
+        or rounded.strides[0] != 2 * k
+        or rounded.data.ptr % 16
+    ):
+        raise ShapeError(
+            f"rounded: expected a 16-byte-aligned uint16 [>= {m}, {k}] with contiguous rows"
+        )
+    _out_stride(out, w.out_features, epilogue)  # refused before anything is queued
+    if m == 0:
+        return
+    if rounded is None:
+        launch_prepass(rt, ROUND, x, ldx, m, k, Xb=scratch)
+    xb = scratch if rounded is None else rounded
+    _launch_gemm(rt, w, xb, m, out, epilogue, ksplit, split_stride, tile)
+
+
+def project_split(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    out: Any,
+    split_stride: int,
+    *,
+    scratch: Any,
+    tile: str | None = None,
+    split: bool = True,
+) -> None:
+    """Two partials the consumer adds: out = hi(x[:m]) . w^T and out + split_stride floats =
+    lo(x[:m]) . w^T, where x = hi + lo (split_bf16: the exact paths' activation split, ~16
+    mantissa bits; the products exact, f32 accumulation: gemm.matmul's accuracy). The ingest
+    projection on sm_90 (wgmma). One GEMM launch over P + m rows, P = split_stride / N: the hi
+    rows at scratch rows [0, m), the lo rows at [P, P + m) (twice the blocks of a launch per
+    partial: the GPU filled at ingest's chunk sizes); rows [m, P) of the first partial are
+    scratch (computed from whatever the scratch holds there, never read by the consumer).
+    x: float32 [>= m, K] rows (row stride a multiple of 4 floats); out: contiguous float32 of
+    >= split_stride + m * N elements; split_stride a multiple of N, >= m * N; scratch: uint16,
+    >= (P + m) * K elements (16-byte aligned). split=False: the scratch already holds x's
+    hi / lo rows there (a previous call's prepass; gemm.project_rows tracks it), none is run."""
+    n, k = w.out_features, w.in_features
+    if tile is None:
+        tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, 1)
+    rows = split_stride // n if n else 0
+    stride_problem, out_problem = split_problems(n, m, split_stride, out)
+    if stride_problem:
+        raise ShapeError(stride_problem)
+    ldx = _check(rt, w, x, m, "store", 1, scratch, (rows + m) * k, tile)
+    if out_problem:
+        raise ShapeError(out_problem)
+    if m == 0:
+        return
+    hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
+    if split:
+        launch_prepass(rt, SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
+    _launch_gemm(rt, w, scratch, rows + m, out.reshape(-1), "store", 1, 0, tile)
+
+
+def _check(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    epilogue: str,
+    ksplit: int,
+    scratch: Any,
+    scratch_min: int,
+    tile: str,
+) -> int:
+    """Every refusal of a call, before anything is queued; returns x's row stride."""
+    if w.fmt != "bf16":
+        raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
+    if tile not in ALL_TILES:
+        raise ShapeError(f"tile must be one of {sorted(ALL_TILES)}, found {tile!r}")
+    arch = getattr(rt, "arch", None)
+    if (tile == WGMMA_TILE or tile in TMA_TILES) and arch != "sm_90":
+        raise DeviceError(f"{tile}: wgmma runs on sm_90 only, this device is {arch}")
+    if tile in TMA_TILES and not tma_usable(rt):
+        raise DeviceError(f"{tile}: the driver cannot encode tensor maps or launch with them")
+    if epilogue not in EPILOGUES:
+        raise ShapeError(f"epilogue must be one of {EPILOGUES}, found {epilogue!r}")
+    n, k = w.out_features, w.in_features
+    if k % CHUNK:
+        raise ShapeError(f"w: in_features {k} must be a multiple of {CHUNK}")
+    if epilogue.startswith("silu_mul") and (n % 16 or ksplit != 1):
+        raise ShapeError(
+            f"silu_mul: needs gate/up rows in whole groups (out_features {n} % 16 == 0) and "
+            f"one K split (found {ksplit})"
+        )
+    ldx = checked_row_stride(x, "x", m, k)
+    if ldx % 4 or x.data.ptr % 16:  # round_bf16 reads float4s
+        raise ShapeError(f"x: rows must be 16-byte aligned (pointer, row stride {ldx} floats)")
+    if scratch.dtype != np.uint16 or scratch.size < scratch_min or scratch.data.ptr % 16:
+        raise ShapeError(
+            f"scratch: expected a 16-byte-aligned uint16 device array of >= {scratch_min} elements"
+        )
+    if w.data.data.ptr % 16:
+        raise ShapeError("w: weight rows must be 16-byte aligned")
+    bm, bn, threads, smem = tile_shape(tile)
+    if smem > rt.smem_per_block:
+        raise DeviceError(
+            f"gemm_bf16act {tile}: needs {smem} bytes of shared memory per block, the device "
+            f"offers {rt.smem_per_block}"
+        )
+    chunks = k // CHUNK
+    n_splits, per_split = split_k_plan(chunks, ksplit)
+    if n_splits != ksplit:
+        raise ShapeError(f"ksplit {ksplit} of {chunks} chunks leaves empty splits")
+    if tile in TMA_TILES and ksplit > 1 and per_split % 2:
+        raise ShapeError(
+            f"{tile}: ksplit {ksplit} cuts {per_split} chunks of {CHUNK} a split; TMA tiles "
+            "copy whole K tiles of 64 (an even count a split)"
+        )
+    m_tiles, n_tiles = -(-m // bm), -(-n // bn)
+    if m_tiles > MAX_GRID_X or n_tiles > MAX_GRID_Y:
+        raise ShapeError(f"gemm_bf16act: {m} x {n} outputs exceed one launch's grid")
+    return ldx
+
+
+def launch_prepass(rt: Runtime, kernel: Any, x: Any, ldx: int, m: int, k: int, **out: Any) -> None:
+    """round_bf16 (Xb) or split_bf16 (Xhi, Xlo) over x[:m] (checked by _check)."""
+    quads = m * (k // 4)
+    grid = (min(-(-quads // THREADS), 4 * 1024),)
+    rt.launch(kernel, grid, THREADS, 0, X=x, ldx=ldx, M=m, K=k, **out)
+
+
+def _launch_gemm(
+    rt: Runtime,
+    w: GpuTensor,
+    xb: Any,
+    m: int,
+    out: Any,
+    epilogue: str,
+    ksplit: int,
+    split_stride: int,
+    tile: str,
+) -> None:
+    """The GEMM over m bf16 rows xb (checked by _check)."""
+    bm, bn, threads, smem = tile_shape(tile)
+    n, k = w.out_features, w.in_features
+    operands: dict[str, Any] = {"W": w.data, "Xb": xb}
+    if tile in TMA_TILES:  # the tensor maps the producer copies W's and X's tiles by
+        wmap = tensormap.bf16_rows(w.data.data.ptr, n, k, bn)
+        operands = {"wmap": wmap, "xmap": tensormap.bf16_rows(xb.data.ptr, m, k, bm)}
+    rt.launch(
+        GEMM[epilogue, tile],
+        (-(-m // bm), -(-n // bn), ksplit),
+        threads,
+        smem,
+        **operands,
+        Y=out,
+        ldy=_out_stride(out, n, epilogue),
+        M=m,
+        N=n,
+        K=k,
+        chunks_per_split=split_k_plan(k // CHUNK, ksplit)[1],
+        split_stride=split_stride,
+    )
+
+
+def _out_stride(out: Any, n: int, epilogue: str) -> int:
+    """Elements between two rows of out: floats, or bf16 elements for silu_mul_bf16."""
+    if epilogue == "silu_mul_bf16":
+        if out.dtype != np.uint16 or out.ndim != 2 or out.strides[1] != 2:
+            raise ShapeError("out: silu_mul_bf16 writes uint16 rows of N / 2 contiguous elements")
+        return out.strides[0] // 2
+    return row_stride(out, n // 2 if epilogue == "silu_mul" else n)

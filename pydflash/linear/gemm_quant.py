@@ -1,0 +1,153 @@
+"""gemm_quant_tma.cu: context ingest's projection of q8_0 / q4_0 weights on sm_90 (Hopper), the
+quantized counterpart of gemm_bf16act.project_split: two partials the consumer adds,
+hi(x) . w^T and lo(x) . w^T, where each 32-wide K block's integer quants go through the tensor
+cores exactly and the block's f16 scale is applied to its sums (gemm.cu's scheme and accuracy
+class: ~16-bit activations, exact products, f32 accumulation).
+
+The weights are wgmma's A operand from registers (each thread turns its quants into bf16), the
+activations the B operand (TMA boxes of the bf16 hi/lo scratch). Ingest takes this path while
+ENABLED (the default; bench_round.py --gemm-cu-ingest times gemm.cu instead)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..device import tensormap
+from ..device.kernels import Family
+from ..errors import DeviceError, ShapeError
+from . import gemm_bf16act
+from .split import checked_row_stride, split_problems
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..device.runtime import Runtime
+    from .split import GpuTensor
+
+# On: exact to gemm.cu's class and faster on an H200 (tools/bench_round.py --preset qwen3-8b-b16
+# --ctx 4096, ingest_ctx of 4096 rows: q8_0 3.184 ms, q4_0 3.168 ms against gemm.cu's 4.177);
+# False sends quantized ingest back to gemm.cu.
+ENABLED = True
+FORMATS = ("q8_0", "q4_0")
+STAGES = 4  # K tiles in the ring
+THREADS = 288  # two consumer warpgroups and a producer warp
+BLOCK_N = 128  # weight rows a block
+BLOCK_R = 128  # activation rows a block
+BLOCK_K = 64  # K a tile: two GGML blocks
+
+FAMILY = Family("gemm_quant_tma", {}, arch_specific=True)
+_SIG = (
+    "TensorMap wmap, TensorMap xmap, const unsigned short* scales, long long lds, float* Y, "
+    "long long ldy, int R, int N, int K"
+)
+KERNELS = {fmt: FAMILY.kernel(f"gemm_quant_{fmt}_tma", _SIG) for fmt in FORMATS}
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
+
+
+def tile_bytes(fmt: str) -> int:
+    """Bytes of one K tile of a block's quants: 128 rows of 64 int8, or of 32 q4_0 bytes."""
+    return BLOCK_N * (BLOCK_K if fmt == "q8_0" else BLOCK_K // 2)
+
+
+def smem_bytes(fmt: str) -> int:
+    """Dynamic shared memory of a block: the ring of (activation box, quant box) stages and
+    1 KiB to align it to 1024 bytes (the 128B swizzle)."""
+    return STAGES * (BLOCK_R * 128 + tile_bytes(fmt)) + 1024
+
+
+def takes_ingest(rt: Runtime, w: GpuTensor) -> bool:
+    """Whether ingest's projection of w runs here: ENABLED, a q8_0 / q4_0 weight with K a
+    multiple of 64, sm_90 with tensor maps, the ring in the device's shared memory."""
+    return (
+        ENABLED
+        and w.fmt in FORMATS
+        and w.in_features % BLOCK_K == 0
+        and gemm_bf16act.tma_usable(rt)
+        and smem_bytes(w.fmt) <= rt.smem_per_block
+    )
+
+
+def project_split(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    out: Any,
+    split_stride: int,
+    *,
+    scratch: Any,
+    split: bool = True,
+) -> None:
+    """gemm_bf16act.project_split's contract for q8_0 / q4_0 weights (split=False: the scratch
+    already holds x's split, as gemm.project_rows tracks): out = hi(x[:m]) . w^T
+    and out + split_stride floats = lo(x[:m]) . w^T (the consumer adds them), one launch over
+    P + m rows of the bf16 scratch, P = split_stride / N (the hi rows at [0, m), the lo rows at
+    [P, P + m); rows [m, P) of the first partial are computed from whatever the scratch holds
+    there and never read). x: float32 [>= m, K] rows; out: contiguous float32 of >=
+    split_stride + m * N elements; scratch: uint16, >= (P + m) * K elements, 16-byte aligned."""
+    n, k = w.out_features, w.in_features
+    ldx = checked_row_stride(x, "x", m, k)
+    problems = []
+    if ldx % 4 or x.data.ptr % 16:  # split_bf16 reads float4s
+        problems.append(f"x: rows must be 16-byte aligned (pointer, row stride {ldx} floats)")
+    if w.fmt not in FORMATS:
+        problems.append(f"w: gemm_quant takes q8_0 / q4_0 weights, found {w.fmt}")
+    elif w.data.data.ptr % 16:
+        problems.append("w: the quants' rows must start 16-byte aligned (tensor-map copies)")
+    elif (
+        w.scales is None
+        or w.scales.dtype != np.uint16
+        or w.scales.shape != (n, k // 32)
+        or w.scales.strides[1] != 2
+    ):
+        problems.append(f"w: expected uint16 scales of [{n}, {k // 32}] with contiguous rows")
+    if n == 0:
+        problems.append("w: no output rows")
+    if k % BLOCK_K:
+        problems.append(f"w: in_features {k} must be a multiple of {BLOCK_K}")
+    rows = split_stride // n if n else 0
+    problems += [p for p in split_problems(n, m, split_stride, out) if p]
+    if (
+        getattr(scratch, "dtype", None) != np.uint16
+        or scratch.size < (rows + m) * k
+        or scratch.data.ptr % 16
+    ):
+        problems.append(
+            f"scratch: expected a 16-byte aligned uint16 device array of >= {(rows + m) * k} "
+            "elements"
+        )
+    if -(-n // BLOCK_N) > MAX_GRID_X or -(-(rows + m) // BLOCK_R) > MAX_GRID_Y:
+        problems.append(f"gemm_quant: {rows + m} x {n} outputs exceed one launch's grid")
+    if problems:
+        raise ShapeError("; ".join(problems))
+    if not gemm_bf16act.tma_usable(rt):  # sm_90 with the driver's tensor maps
+        raise DeviceError("gemm_quant: runs on sm_90 with tensor maps only")
+    if smem_bytes(w.fmt) > rt.smem_per_block:
+        raise DeviceError(
+            f"gemm_quant {w.fmt}: needs {smem_bytes(w.fmt)} bytes of shared memory per block, "
+            f"the device offers {rt.smem_per_block}"
+        )
+    if m == 0:
+        return
+    hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
+    if split:
+        gemm_bf16act.launch_prepass(rt, gemm_bf16act.SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
+    total = rows + m
+    box_cols = tile_bytes(w.fmt) // BLOCK_N  # quant bytes of a row a K tile
+    quant_cols = k // BLOCK_K * box_cols  # bytes of a row of quants
+    rt.launch(
+        KERNELS[w.fmt],
+        (-(-n // BLOCK_N), -(-total // BLOCK_R)),
+        THREADS,
+        smem_bytes(w.fmt),
+        wmap=tensormap.u8_rows(w.data.data.ptr, n, quant_cols, BLOCK_N, box_cols),
+        xmap=tensormap.bf16_rows(scratch.data.ptr, total, k, BLOCK_R),
+        scales=w.scales,
+        lds=w.scales.strides[0] // 2,
+        Y=out.reshape(-1),
+        ldy=n,
+        R=total,
+        N=n,
+        K=k,
+    )
