@@ -1,5 +1,5 @@
-"""Hostile configs (issue 13): every size bounded (pydflash.bounds, README "Bounds"), strict and
-bounded JSON (pydflash.jsonio), RoPE tables that must be finite; each a ConfigError naming the
+"""Hostile configs: every size bounded (pydflash.model.bounds, README "Bounds"), strict and
+bounded JSON (pydflash.io.jsonio), RoPE tables that must be finite; each a ConfigError naming the
 key, fast, never a raw Python error."""
 
 import json

@@ -1,4 +1,4 @@
-"""KV storage and the sliding-window rings (pydflash.kv), on the CPU: the K/V dtype option,
+"""KV storage and the sliding-window rings (pydflash.draft.kv), on the CPU: the K/V dtype option,
 bytes per configuration, the ring bookkeeping (which rows the rings still hold, roll-back
 limits, the positions a ring needs), checked through ReferenceKv, which shares it with
 DflashKv, and against a slot-by-slot simulation of the GPU's rings."""

@@ -42,7 +42,7 @@ def test_wheel_ships_cuda_sources_and_finds_them(tmp_path):
         [
             sys.executable,
             "-c",
-            "from pydflash import kernels; print(kernels.source_dir()); "
+            "from pydflash.device import kernels; print(kernels.source_dir()); "
             "print(len(kernels.source('linear')))",
         ],
         capture_output=True,

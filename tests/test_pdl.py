@@ -1,5 +1,5 @@
-"""pydflash.pdl on the CPU: the ctypes mirrors of CUlaunchConfig / CUlaunchAttribute have the C
-layout of cuda.h (x86-64), launch arguments land in the parameter buffer as the C values of
+"""pydflash.device.pdl on the CPU: the ctypes mirrors of CUlaunchConfig / CUlaunchAttribute have
+the C layout of cuda.h (x86-64), launch arguments land in the parameter buffer as the C values of
 their types (every kernel spec), and only sm_90 devices take the PDL path."""
 
 import ctypes

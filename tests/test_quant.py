@@ -1,4 +1,4 @@
-"""Tests for pydflash.quant: GGML byte layouts worked out by hand, an independent scalar
+"""Tests for pydflash.formats.codec: GGML byte layouts worked out by hand, an independent scalar
 reference on awkward random data, round-trip error bounds, bf16 rounding, and errors.
 Random data comes from conftest's `rng` fixture: a fresh seed per test, printed on failure."""
 

@@ -1,5 +1,5 @@
-"""pydflash.rope: inverse-frequency tables and attention factors pinned to values worked out by
-hand from transformers' modeling_rope_utils.py formulas (plain `math`, never the module), and
+"""pydflash.model.rope: inverse-frequency tables and attention factors pinned to values worked out
+by hand from transformers' modeling_rope_utils.py formulas (plain `math`, never the module), and
 per-layer-type RoPE parameters reaching the right layers."""
 
 from __future__ import annotations

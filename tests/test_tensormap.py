@@ -1,4 +1,4 @@
-"""pydflash.tensormap's refusals and the TensorMap kernel parameter (CPU: the encoding itself
+"""pydflash.device.tensormap's refusals and the TensorMap kernel parameter (CPU: the encoding itself
 needs the driver and runs in tests/test_gemm_bf16act_gpu.py's TMA tiles)."""
 
 import pytest

@@ -9,7 +9,7 @@ sliding layers in rings), ingest_ctx of 1 and of 4096 rows, draft_tokens with a 
 lm_head of the target's vocabulary; with --propose also the whole round
 (DflashDraft.propose: embeddings + forward_round + draft step, one CUDA graph) greedy and at
 T = 0.7, whose floor is (layer weights + lm_head (+ Markov W2 per draft)) / bandwidth.
-With --batch: only forward_round_batch (pydflash.batch_api) at each batch size and activations
+With --batch: only forward_round_batch (pydflash.draft.batch) at each batch size and activations
 mode (exact f32, then bf16), its drafted tokens per second and its time against the exact
 B = 1 (bench_batch). Each
 median sits beside its floor = bytes the op must read / the device-to-device copy bandwidth

@@ -461,7 +461,7 @@ def _mask_embedding(seed: int, kind: str, hidden: int, block: int, mask_id: int)
 def write_torch_file(path, obj) -> None:
     """obj (a float32 array, or a dict of str -> array or int) in torch.save's zip format: the
     pickle opcodes torch writes for a tensor (_rebuild_tensor_v2 over a persistent FloatStorage
-    record), one data/<key> entry a storage. torch.load reads it, as pydflash.torch_file does."""
+    record), one data/<key> entry a storage. torch.load reads it, as pydflash.io.torch_file does."""
     import struct
     import zipfile
 

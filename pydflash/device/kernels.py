@@ -60,7 +60,7 @@ def _struct(name: str, size: int) -> Callable[[Any], Any]:
 
 
 # structs passed by value: C type -> bytes (the PTX gives them as .align N .b8 name[bytes])
-_STRUCTS = {"TensorMap": 128}  # a CUtensorMap (pydflash.tensormap), __grid_constant__
+_STRUCTS = {"TensorMap": 128}  # a CUtensorMap (pydflash.device.tensormap), __grid_constant__
 
 # C parameter type -> (host cast, the PTX .param type NVRTC gives it, its struct format code)
 _SCALARS = {
@@ -125,7 +125,7 @@ class KernelSpec:
 
     @functools.cached_property
     def param_block(self) -> ParamBlock:
-        """How the driver's launch call (pydflash.pdl) lays out this kernel's arguments."""
+        """How the driver's launch call (pydflash.device.pdl) lays out this kernel's arguments."""
         return ParamBlock(tuple(p.struct_code for p in self.params))
 
     def args(self, values: dict[str, Any]) -> tuple:

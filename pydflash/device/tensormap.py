@@ -2,7 +2,7 @@
 on the host by the driver's cuTensorMapEncodeTiled and passed to a kernel by value (a 128-byte
 __grid_constant__ parameter, so a captured CUDA graph keeps its own copy and nothing on the
 device has to outlive it). CuPy binds no tensor-map call, hence this small ctypes binding; it
-is used only where the kernels that read the maps run (sm_90, pydflash.ops.gemm_bf16act)."""
+is used only where the kernels that read the maps run (sm_90, pydflash.linear.gemm_bf16act)."""
 
 from __future__ import annotations
 

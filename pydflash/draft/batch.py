@@ -1,4 +1,4 @@
-"""Batched drafting over a DflashBatchKv (pydflash.batch_kv): many sequences in one round.
+"""Batched drafting over a DflashBatchKv (pydflash.draft.batch_kv): many sequences in one round.
 
 - `new_batch_kv(e, slots, cap, ...)`: a pool of sequence slots for this drafter.
 - `ingest_batch(e, pool, slots, feats, pos, counts)`: ragged ctx rows of several sequences in

@@ -1,6 +1,6 @@
 """DflashBatchKv: the KV caches of many sequences, a pool of fixed-capacity slots.
 
-Why slots and not pages: every slot is a whole DflashKv (pydflash.kv) at the same capacity,
+Why slots and not pages: every slot is a whole DflashKv (pydflash.draft.kv) at the same capacity,
 laid out one after the other in one allocation per layer. A sequence's K/V stay contiguous,
 so a batched round runs the single-sequence kernels with one more grid dimension and a slot
 base offset (pydflash.ops.seqs): the same tiles, the same split plans, the same sums, hence

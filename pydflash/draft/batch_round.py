@@ -1,4 +1,4 @@
-"""What a pool's batched rounds run on (pydflash.batch_api): `PoolRounds`, the buffers sized for
+"""What a pool's batched rounds run on (pydflash.draft.batch): `PoolRounds`, the buffers sized for
 the pool's largest bucket, the staging words, the bf16-activation scratch and the captured
 graphs (one per bucket and activations); `BatchRound`, what one round's kernels read."""
 
@@ -54,7 +54,7 @@ class BatchRound:
         """linear.project for the round's linears, or gemm_bf16act's where it applies."""
         if x is self.buf.ff and self.ff_in_bf16 and not gemm_bf16act.applies(e, w, m):
             # gate_up wrote only ff_b: down must read it (the MLP's two weights share a format
-            # and the rows, so this cannot happen with pydflash.weights' precisions)
+            # and the rows, so this cannot happen with pydflash.draft.weights' precisions)
             raise DeviceError(f"down ({w.fmt}) cannot read the bf16 ff gate_up ({m} rows) wrote")
         if self.scratch is not None and gemm_bf16act.applies(e, w, m):
             copies = {id(self.buf.xn): self.xn_b, id(self.buf.attn): self.attn_b}

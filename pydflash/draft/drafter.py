@@ -4,7 +4,7 @@ The data flow, top to bottom:
   taps --ctx_features--> ctx features --ingest_ctx--> draft KV (DflashKv)
   noise_emb + draft KV --forward_round--> block hidden --draft--> draft tokens (+ q, probs,
   confidence); propose = embeddings + forward_round + draft as one CUDA graph, commit = the
-  accepted rows' ctx_features + ingest_ctx (pydflash.round_api, the DraftApi base class)
+  accepted rows' ctx_features + ingest_ctx (pydflash.draft.rounds, the DraftApi base class)
 `forward_block` and `forward` are the same path over a temporary KV (so a cached round equals
 the full forward bit for bit). Nothing in ingest_ctx/forward_round allocates or waits on the
 host: their buffers live in the drafter's RoundBuffers (one drafter = one stream of rounds).
@@ -79,7 +79,7 @@ class DflashDraft(BatchApi):
         # forward_round replays one captured CUDA graph per DflashKv (see forward_round)
         self.cuda_graphs = cuda_graphs
         self._graphs: weakref.WeakKeyDictionary[DflashKv, Any] = weakref.WeakKeyDictionary()
-        # batched rounds: per DflashBatchKv its buffers and graphs (pydflash.batch_api)
+        # batched rounds: per DflashBatchKv its buffers and graphs (pydflash.draft.batch)
         self._batch_rounds = weakref.WeakKeyDictionary()
 
     # -- loading -----------------------------------------------------------------------------
@@ -333,7 +333,7 @@ class DflashDraft(BatchApi):
 
     def _round_kernels(self, e: Engine, kv: Any, batch: BatchRound | None = None) -> None:
         """Every launch of a round over one DflashKv, or a bucket of sequences of a DflashBatchKv
-        (one more grid dimension, blocks stacked as rows; pydflash.batch_api). Nothing here
+        (one more grid dimension, blocks stacked as rows; pydflash.draft.batch). Nothing here
         depends on a len on the host."""
         c, b, h = self.cfg, self.cfg.block_size, self.cfg.hidden
         seqs: Callable[[int], Seqs | None] = lambda li: None  # one sequence: no grid dim

@@ -225,7 +225,7 @@ class CommittedRows:
 
 
 class DflashKv(CommittedRows):
-    retired = False  # a DflashBatchKv slot that was removed (pydflash.batch_kv)
+    retired = False  # a DflashBatchKv slot that was removed (pydflash.draft.batch_kv)
 
     def __init__(
         self, e: Engine, cfg: DflashCfg, cap: int, dtype: str = "bf16", *, rings: bool = True

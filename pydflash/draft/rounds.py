@@ -2,7 +2,7 @@
 
 - `draft(e, hidden, lm_head, last, *, temperature, logit_softcap, want_probs) -> Proposal`:
   block hidden rows -> draft tokens, their draft probabilities q, optionally the full draft
-  distributions, and confidence / survival (pydflash.draft_step). `draft_tokens` is its greedy
+  distributions, and confidence / survival (pydflash.draft.step). `draft_tokens` is its greedy
   tokens (the Rust API's greedy Markov draft).
 - `propose(e, kv, last, start, embed, lm_head=None, *, ...) -> Proposal`: one whole round —
   the block's noise embeddings [last, MASK x (b-1)] * embed_scale gathered from the target's
@@ -100,13 +100,13 @@ class DraftApi:
     @property
     def kv_dtype(self) -> str:
         """The K/V storage of this drafter's caches by default: f32 for the f32 (parity)
-        precision, bf16 for the others (pydflash.kv)."""
+        precision, bf16 for the others (pydflash.draft.kv)."""
         return "f32" if self.precision == "f32" else "bf16"
 
     def new_kv(
         self, e: Engine, cap: int, dtype: str | None = None, *, rings: bool = True
     ) -> DflashKv:
-        """A DflashKv for this drafter: `dtype` None = kv_dtype; rings (pydflash.kv)."""
+        """A DflashKv for this drafter: `dtype` None = kv_dtype; rings (pydflash.draft.kv)."""
         return DflashKv(e, self.cfg, cap, self.kv_dtype if dtype is None else dtype, rings=rings)
 
     def _init_draft_api(

@@ -202,7 +202,7 @@ def project(
     """out = round_bf16(x[:m]) . w^T, queued on the current stream: "store" writes `ksplit`
     partials (split z at out + z * split_stride floats, K cut as split_k_plan cuts it), which
     the consumer adds; "silu_mul" writes silu(gate) * up (gate/up rows interleaved in groups of
-    8, as pydflash.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
+    8, as pydflash.draft.weights stores them), one split. x: float32 [>= m, K] rows (row stride a
     multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats
     ("silu_mul_bf16": uint16 rows of N / 2, silu_mul rounded to bf16: the down projection's
     rounded input);

@@ -18,7 +18,7 @@ EPILOGUES = ("store", "add", "silu_mul")
 
 
 class GpuTensor(Protocol):
-    """What the launchers read of a pydflash.tensor.GpuTensor (structural: importing tensor
+    """What the launchers read of a pydflash.formats.tensor.GpuTensor (structural: importing tensor
     here would close an import cycle, tensor -> ops)."""
 
     fmt: str

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-DflashCfg = Any  # pydflash.config.DflashCfg (which imports this module)
+DflashCfg = Any  # pydflash.model.config.DflashCfg (which imports this module)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,7 +53,7 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope_inv_freq(head_dim: int, theta: float, scale: float = 1.0) -> np.ndarray:
-    """inv_freq_j = theta^(-2j/hd) / scale as float32, computed like torch (pydflash.rope)."""
+    """inv_freq_j = theta^(-2j/hd) / scale as float32, computed like torch (pydflash.model.rope)."""
     inv = rope.default_inv_freq(head_dim, theta)
     return inv if scale == 1.0 else (inv / np.float32(scale)).astype(np.float32)
 

@@ -26,7 +26,7 @@ class ReferenceKv(CommittedRows):
     kv_dtype: the storage DflashKv's `dtype` names: "f32" keeps the computed K/V, "bf16"
     rounds them to bf16 (nearest even, from float32: the GPU writer's rounding) and keeps the
     rounded values in `dtype`. Every row is kept (the oracle), but the ring bookkeeping of a
-    DflashKv of the same cap and `rings` is applied too (pydflash.kv): the reference refuses
+    DflashKv of the same cap and `rings` is applied too (pydflash.draft.kv): the reference refuses
     the positions and roll-backs the GPU refuses, and answers exactly what the GPU answers."""
 
     def __init__(
