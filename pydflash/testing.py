@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 TOLERANCE = {"f32": 1e-4, "bf16": 5e-3, "q8_0": 2e-2, "q4_0": 2e-2, "mixed": 2e-2}
 
 # rel ||a - b|| / ||b|| allowed between two results whose ctx rows took different projection
-# paths (a call of >= gemm.MIN_ROWS rows takes the tiled GEMM, fewer rows the decode kernel),
+# paths (a call of >= linear.GEMM_ROWS rows takes a tiled GEMM, fewer rows the decode kernel),
 # by the K/V storage: both paths are near-f32 (rounds measured 4e-6 apart with f32 K/V, features
 # 2e-7), but a bf16 cache rounds the two slightly different values of a K/V element to
 # neighbouring bf16 values wherever they straddle a rounding boundary, so the bf16 rounding
@@ -31,17 +31,23 @@ PATH_ROUNDING = {"f32": 1e-4, "bf16": 3e-3}
 
 
 def ingest_path(e: Any, draft: DflashDraft, rows: int) -> str:
-    """'gemm' or 'decode': the projection path ingest_ctx takes for a call of `rows` rows."""
-    from .linear import gemm
+    """'gemm' or 'decode': whether ingest_ctx projects a call of `rows` rows on a tiled GEMM
+    (the one the drafter takes for many rows) or the decode linear (linear.dispatch)."""
+    from . import linear
 
-    return "gemm" if all(gemm.use_gemm(e, layer.kv, rows) for layer in draft.layers) else "decode"
+    names = {
+        linear.choose("ingest", la.kv.fmt, rows, e.caps, k=la.kv.in_features).kernel
+        for la in draft.layers
+    }
+    return "decode" if any(n.startswith("decode") for n in names) else "gemm"
 
 
 def features_path(e: Any, draft: DflashDraft, rows: int) -> str:
     """'gemm' or 'decode': the projection path ctx_features takes for a call of `rows` rows."""
-    from .linear import gemm
+    from . import linear
 
-    return "gemm" if gemm.use_gemm(e, draft.fc, rows) else "decode"
+    name = linear.features_choice(e, draft.fc, rows).kernel
+    return "gemm" if name == "gemm" else "decode"
 
 
 def assert_paths_agree(

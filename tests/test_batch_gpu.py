@@ -290,11 +290,11 @@ def _bf16_vs_single(e, d, n, lens, rng, cap):
 def test_bf16_activations_equal_single_rounds_to_rounding(engine, ckpts, rng, name):
     """Enough sequences that the stacked blocks take gemm_bf16act; ragged, past the window."""
     from pydflash import DflashDraft
-    from pydflash.linear import gemm_bf16act
+    from pydflash.linear.dispatch import BF16ACT_ROWS
 
     e = engine
     d = DflashDraft.load(e, ckpts[name], "bf16")
-    n = -(-gemm_bf16act.MIN_ROWS // d.cfg.block_size) + 3
+    n = -(-BF16ACT_ROWS // d.cfg.block_size) + 3
     lens = [int(t) for t in rng.integers(0, 200, n)]
     lens[0], lens[1] = 0, 1
     worst = _bf16_vs_single(e, d, n, lens, rng, 300)

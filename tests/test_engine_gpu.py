@@ -43,8 +43,7 @@ def test_matmul_store_and_add(engine, rng, fmt, m, n, k):
 @pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("m", [4, 16, 40])
 def test_split_k_partials_sum_to_the_product(engine, rng, fmt, m):
-    from pydflash import GpuTensor
-    from pydflash.linear import decode as linear
+    from pydflash import GpuTensor, linear
 
     e, n, k = engine, 96, 1024
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / 32, fmt)
@@ -67,8 +66,7 @@ def test_split_k_partials_sum_to_the_product(engine, rng, fmt, m):
 def test_k_splits_are_all_written(engine, rng, n, k):
     """issue 12: the split count the consumers add must equal the splits launched (90 chunks
     cut for 11 splits leave one unwritten); every partial is written, and they sum right."""
-    from pydflash import GpuTensor
-    from pydflash.linear import decode as linear
+    from pydflash import GpuTensor, linear
 
     e = engine
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), "bf16")

@@ -1,5 +1,5 @@
-"""The GEMM launcher's rules without a GPU: when ingest takes it, its shared memory, and the
-arguments it refuses (fake device arrays stand in for CuPy's)."""
+"""The GEMM launcher's rules without a GPU: its shared memory, its grid and the arguments it
+refuses (fake device arrays stand in for CuPy's); where it runs: tests/test_dispatch.py."""
 
 import types
 
@@ -37,16 +37,6 @@ def fake_w(fmt="bf16", n=2048, k=4096):
     return types.SimpleNamespace(
         fmt=fmt, out_features=n, in_features=k, data=FakeArray((n, k), dtype=np.uint16), scales=None
     )
-
-
-def test_ingest_takes_the_gemm_from_min_rows_on_its_formats():
-    rt, _ = fake_rt()
-    for fmt in gemm.FORMATS:
-        assert gemm.use_gemm(rt, fake_w(fmt), gemm.MIN_ROWS)
-        assert not gemm.use_gemm(rt, fake_w(fmt), gemm.MIN_ROWS - 1)
-    assert not gemm.use_gemm(rt, fake_w("f32"), 10**6)  # f32 stays on the FFMA kernel
-    small, _ = fake_rt(48 * 1024)  # a device without room for the ring: the decode path
-    assert not gemm.use_gemm(small, fake_w(), 10**6)
 
 
 def test_shared_memory_fits_every_target():

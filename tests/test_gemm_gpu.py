@@ -132,20 +132,20 @@ def test_gemm_refuses_what_it_cannot_do(engine, rng):
 # -- the drafter: ingest_ctx / ctx_features through the GEMM ----------------------------------
 @pytest.mark.parametrize("precision", ["bf16", "q8_0", "q4_0", "mixed", "f32"])
 def test_ingest_through_the_gemm(engine, preset_checkpoint, rng, precision):
-    """ctx rows ingested in one call of >= MIN_ROWS rows (the GEMM; more rows than one launch
+    """ctx rows ingested in one call of >= GEMM_ROWS rows (the GEMM; more rows than one launch
     holds, so in several launches) match the reference; split into two such calls, bit for bit;
     ingested in small calls (the decode path), within PATH_ROUNDING of the drafter's K/V
     storage."""
     from pydflash import DflashDraft
-    from pydflash.linear import gemm
+    from pydflash.linear import GEMM_ROWS
 
     e = engine
     d = DflashDraft.load(e, preset_checkpoint("medium"), precision)
     cfg = d.cfg
     rows_per_launch = d._buf.kv_part.size // (2 * cfg.kv_dim)
-    ctx = max(2 * gemm.MIN_ROWS, rows_per_launch + 77)
+    ctx = max(2 * GEMM_ROWS, rows_per_launch + 77)
     assert ingest_path(e, d, ctx) == ("decode" if precision == "f32" else "gemm")
-    assert ingest_path(e, d, gemm.MIN_ROWS - 1) == "decode"
+    assert ingest_path(e, d, GEMM_ROWS - 1) == "decode"
     ref = reference_for(d, np.float64)  # K/V stored like the drafter's (bf16, or f32)
     taps = rng.standard_normal((ctx, cfg.tap_width)).astype(np.float32)
     noise = (rng.standard_normal((cfg.block_size, cfg.hidden)) * 0.5).astype(np.float32)
@@ -167,7 +167,7 @@ def test_ingest_through_the_gemm(engine, preset_checkpoint, rng, precision):
     one, kv_one = round_after([0, ctx])
     half = ctx // 2
     two, kv_two = round_after([0, half, ctx])
-    small, _ = round_after(list(range(0, ctx, gemm.MIN_ROWS - 1)) + [ctx])
+    small, _ = round_after(list(range(0, ctx, GEMM_ROWS - 1)) + [ctx])
     err = rel(one, expect)
     assert err < TOLERANCE[precision]
     np.testing.assert_array_equal(two, one)  # both calls on the GEMM path: bit for bit
@@ -175,7 +175,7 @@ def test_ingest_through_the_gemm(engine, preset_checkpoint, rng, precision):
         for a, b in ((kv_two.k[li], kv_one.k[li]), (kv_two.v[li], kv_one.v[li])):
             np.testing.assert_array_equal(cp.asnumpy(a[:ctx]), cp.asnumpy(b[:ctx]))
     paths = rel(small, one)
-    same = ingest_path(e, d, gemm.MIN_ROWS - 1) == ingest_path(e, d, ctx)
+    same = ingest_path(e, d, GEMM_ROWS - 1) == ingest_path(e, d, ctx)
     if same:
         np.testing.assert_array_equal(small, one)
     else:

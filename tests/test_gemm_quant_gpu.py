@@ -15,18 +15,9 @@ cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
 @pytest.fixture
 def sm90(engine):
-    from pydflash.linear import gemm_bf16act
-
-    if not gemm_bf16act.tma_usable(engine):
-        pytest.skip(f"gemm_quant runs on sm_90 with tensor maps, this device is {engine.arch}")
+    if not engine.caps.tma:
+        pytest.skip(f"gemm_quant runs with wgmma and tensor maps, this device is {engine.arch}")
     return engine
-
-
-@pytest.fixture
-def enabled(monkeypatch):
-    from pydflash.linear import gemm_quant
-
-    monkeypatch.setattr(gemm_quant, "ENABLED", True)
 
 
 def bf16(a):
@@ -115,18 +106,19 @@ def test_refusals_leave_the_output_untouched(sm90, rng):
 
 
 @pytest.mark.parametrize("precision", ["q8_0", "q4_0"])
-def test_ingest_through_the_quant_tile(sm90, enabled, preset_checkpoint, rng, precision):
-    """With gemm_quant enabled, ingest_ctx of many rows takes it (hi and lo partials): the round
-    after it matches the reference, two calls match one bit for bit, and the round matches the
-    one after gemm.cu's ingest (gemm_quant off) within PATH_ROUNDING."""
-    from pydflash import DflashDraft
-    from pydflash.linear import gemm, gemm_quant
+def test_ingest_through_the_quant_tile(sm90, preset_checkpoint, rng, precision):
+    """ingest_ctx of many rows takes gemm_quant (hi and lo partials): the round after it
+    matches the reference, two calls match one bit for bit, and the round matches the one
+    after gemm.cu's ingest (Policy(quant_ingest=False)) within PATH_ROUNDING."""
+    from pydflash import DflashDraft, linear
 
     e = sm90
     d = DflashDraft.load(e, preset_checkpoint("medium"), precision)
     cfg = d.cfg
-    assert d._buf.kv_xb is not None and gemm_quant.takes_ingest(e, d.layers[0].kv)
-    ctx = 2 * gemm.MIN_ROWS + 77
+    kv = d.layers[0].kv
+    choice = linear.choose("ingest", kv.fmt, 4096, e.caps, k=kv.in_features)
+    assert d._buf.kv_xb is not None and choice.kernel == "quant_split"
+    ctx = 2 * linear.GEMM_ROWS + 77
     ref = reference_for(d, np.float64)
     feats = (rng.standard_normal((ctx, cfg.hidden)) * 0.5).astype(np.float32)
     noise = (rng.standard_normal((cfg.block_size, cfg.hidden)) * 0.5).astype(np.float32)
@@ -143,8 +135,9 @@ def test_ingest_through_the_quant_tile(sm90, enabled, preset_checkpoint, rng, pr
     err = rel(one, expect)
     assert err < TOLERANCE[precision]
     np.testing.assert_array_equal(round_after(d, [0, ctx // 2, ctx]), one)
-    gemm_quant.ENABLED = False  # the same checkpoint through gemm.cu
-    d_cu = DflashDraft.load(e, preset_checkpoint("medium"), precision)
+    d_cu = DflashDraft.load(  # the same checkpoint through gemm.cu
+        e, preset_checkpoint("medium"), precision, policy=linear.Policy(quant_ingest=False)
+    )
     assert d_cu._buf.kv_xb is None
     paths = rel(round_after(d_cu, [0, ctx]), one)
     assert paths < PATH_ROUNDING[d.kv_dtype]

@@ -163,15 +163,18 @@ def test_project_sample_and_f32_dispatch():
 
 
 def test_defaults_v3_for_projections_v2_for_the_sampling_epilogue():
-    """The measured defaults (pydflash/ops/linear.py): projections on linear_v3, the lm_head
-    sampling epilogue of the draft step on linear.cu (faster there)."""
-    rt = Recorder(**H200)
+    """The dispatch table's choices (pydflash.linear.dispatch): projections on linear_v3, the
+    lm_head sampling epilogue of the draft step on linear.cu (faster there)."""
+    from pydflash import linear as dispatched
+    from pydflash.device.caps import Caps
+
+    rt = Recorder(**H200, caps=Caps.synthetic("sm_90"))
     w = weight("q4_0", 4096, 4096)
-    linear.project(rt, w, FakeArray((16, 4096)), 16, FakeArray((16, 4096)))
+    dispatched.project(rt, w, FakeArray((16, 4096)), 16, FakeArray((16, 4096)))
     assert rt.launches[-1][0].name == "linear3_q4_0_store"
     lm = weight("bf16", 1024, 4096)
     blocks = linear.sample_blocks(lm)
-    linear.project_sample(
+    dispatched.project_sample(
         rt, lm, FakeArray((15, 4096)), 15, params=FakeArray((4,)), rng=FakeArray((4,)),
         apply_cap=True, part=FakeArray((blocks, 15, 4)), part_idx=FakeArray((blocks, 15)),
     )  # fmt: skip

@@ -113,6 +113,11 @@ def test_every_kernel_spec_packs_its_cast_arguments():
 
 
 def test_only_sm90_launches_with_pdl():
-    assert not pdl.PdlLauncher(8).available  # sm_80 / sm_89: no griddepcontrol
-    assert not pdl.PdlLauncher(12).available  # sm_120: not run here; captures reported failing
+    from pydflash.device.caps import Caps
+
+    for arch in ("sm_80", "sm_89", "sm_120", "sm_100"):  # no griddepcontrol / not measured
+        assert not Caps.synthetic(arch).pdl, arch
+    assert Caps.synthetic("sm_90").pdl
+    assert not pdl.PdlLauncher(load=False, programmatic=False).available
+    assert not pdl.PdlLauncher(load=False, programmatic=True).loaded  # nothing loaded
     assert pdl._ATTR_PROGRAMMATIC_STREAM_SERIALIZATION == 6  # cuda.h CUlaunchAttributeID

@@ -9,7 +9,7 @@ to queue it), to tell launch-bound from GPU-bound.
 
 The ingest GEMM (ops/gemm.py; --gemm-only for just these rows): the kv projection of M ctx
 rows through the decode kernel (256-row split-K chunks, the old ingest) and through the GEMM for
-M around the crossover (gemm.MIN_ROWS), then the GEMM at M = 4096 for the kv and fc shapes
+M around the crossover (linear.GEMM_ROWS), then the GEMM at M = 4096 for the kv and fc shapes
 beside its floor: max(bytes / copy bandwidth, 2*M*N*K / the cuBLAS f16 rate measured now).
 
 --batched 64 128 256 ...: only a layer's bf16 linears at the stacked rows of batched rounds,
@@ -47,12 +47,11 @@ def timed_inner(cp, stream, fn, repeats: int) -> float:
 
 def bench_gemm(cp, e, cfg, n_taps: int, precisions, bw: float, repeats: int, rng) -> None:
     """Decode kernel vs GEMM across M (the crossover), then the GEMM against its floor."""
-    from pydflash import GpuTensor
-    from pydflash.linear import decode as linear
-    from pydflash.linear import gemm
+    from pydflash import GpuTensor, linear
+    from pydflash.linear import GEMM_ROWS, gemm
 
     rate = tensor_rate(cp, e.stream)
-    print(f"\ntensor rate (cuBLAS f16 8192^3) {rate / 1e12:.0f} TFLOP/s; MIN_ROWS {gemm.MIN_ROWS}")
+    print(f"\ntensor rate (cuBLAS f16 8192^3) {rate / 1e12:.0f} TFLOP/s; GEMM_ROWS {GEMM_ROWS}")
     h, kvn = cfg.hidden, 2 * cfg.kv_dim
     x = cp.asarray(rng.standard_normal((4096, n_taps * h), dtype=np.float32))
     for fmt in [p for p in precisions if p in gemm.FORMATS]:
@@ -116,9 +115,9 @@ def bench_batched(
     producer's bf16 copy, as the round reads them; K splits as the round uses them, or each of
     `ksplits`), with the TFLOP/s and the floor max(weight bytes / bandwidth, FLOP / the cuBLAS
     f16 rate measured now). The layer rows add each linear's best K split."""
-    from pydflash import GpuTensor
-    from pydflash.linear import decode as linear
+    from pydflash import GpuTensor, linear
     from pydflash.linear import gemm_bf16act
+    from pydflash.linear.split import CHUNK, split_k_plan
 
     rate = tensor_rate(cp, e.stream)
     print(f"\ntensor rate (cuBLAS f16 8192^3) {rate / 1e12:.0f} TFLOP/s")
@@ -139,9 +138,9 @@ def bench_batched(
     for name, (n, k, epi) in shapes.items():
         w = GpuTensor.from_bf16_bits(e, _bits(cp, rng, n, k), "bf16")
         ks = 1 if epi == "silu_mul" else linear.k_splits(e, w)
-        chunks = k // linear.CHUNK
+        chunks = k // CHUNK
         sweep = [ks] if epi == "silu_mul" or not ksplits else ksplits
-        sweep = [s for s in sweep if linear.split_k_plan(chunks, s)[0] == s]
+        sweep = [s for s in sweep if split_k_plan(chunks, s)[0] == s]
         for m in rows:
             x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32))
             xb = _bits(cp, rng, m, k)  # the producer's bf16 copy (values do not matter here)
@@ -223,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import cupy as cp
 
-    from pydflash import Engine, GpuTensor
-    from pydflash.linear import decode as linear
+    from pydflash import Engine, GpuTensor, linear
     from pydflash.model.config import DflashCfg
     from pydflash.ops import attention, norm
 
@@ -249,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batched:
         from pydflash.linear import gemm_bf16act
 
-        wgmma = [gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES] if e.arch == "sm_90" else []
+        wgmma = [gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES] if e.caps.wgmma else []
         args.tiles = args.tiles or list(gemm_bf16act.TILES) + wgmma
         with e.device, e.stream:
             bench_batched(cp, e, cfg, args.batched, bw, args.repeats, rng, args.tiles, args.ksplits)

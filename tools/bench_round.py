@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pydflash import linear  # noqa: E402
 from pydflash.draft.weights import PRECISIONS  # noqa: E402
 from pydflash.linear import gemm  # noqa: E402
 from tools.make_checkpoint import PRESETS, make_checkpoint  # noqa: E402
@@ -158,14 +159,16 @@ def bench_precision(
     propose: bool = False,
     rate: float | None = None,
     host_profile: bool = False,
+    policy=None,
 ) -> list[tuple]:
-    """(label, precision, op, median ms, weight bytes, extra bytes) rows for one precision."""
+    """(label, precision, op, median ms, weight bytes, extra bytes) rows for one precision
+    (policy: the kernel choices to force, pydflash.linear.Policy; None: the table's)."""
     from pydflash import DflashDraft
     from pydflash.draft.kv import round_kv_bytes
 
     rows = []
     t0 = time.perf_counter()
-    d = DflashDraft.load(e, ckpt, precision)
+    d = DflashDraft.load(e, ckpt, precision, **({"policy": policy} if policy else {}))
     e.synchronize()
     load_s = time.perf_counter() - t0
     c = d.cfg
@@ -235,7 +238,9 @@ def bench_precision(
             2 * item * c.kv_dim * sum(min(4096, k.shape[0]) for k in kv_in.k) + 4096 * c.hidden * 4,
         )
     )
-    if rate and gemm.use_gemm(e, d.layers[0].kv, 4096):  # its FLOP floor (the tensor cores)
+    kv0 = d.layers[0].kv
+    ingest = linear.choose("ingest", kv0.fmt, 4096, e.caps, k=kv0.in_features, policy=d.policy)
+    if rate and ingest.kernel in ("gemm", "bf16act_split", "quant_split"):  # its FLOP floor
         useful = sum(gemm.flops(4096, la.kv.out_features, la.kv.in_features)[0] for la in d.layers)
         floor = useful / rate * 1e3
         print(
@@ -353,6 +358,7 @@ def bench_batch(
     rng,
     activations: list[str],
     profile: bool = False,
+    policy=None,
 ) -> None:
     """forward_round_batch over B sequences of ctx rows each (one pool; each batch size's
     graph bucket captured on its first call), for each `activations` mode: median round time,
@@ -362,7 +368,7 @@ def bench_batch(
     from pydflash import DflashDraft
     from pydflash.draft.kv import round_kv_bytes
 
-    d = DflashDraft.load(e, ckpt, precision)
+    d = DflashDraft.load(e, ckpt, precision, **({"policy": policy} if policy else {}))
     c = d.cfg
     b, most = c.block_size, max(batches)
     pool = d.new_batch_kv(e, most, ctx + b)
@@ -469,20 +475,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tile",
         default=None,
-        help="--batch: gemm_bf16act's tile above its small rows on sm_90 for this run "
-        "(default: the library's, gemm_bf16act.SM90_TILE)",
+        help="--batch: gemm_bf16act's tile above its small rows on wgmma devices for this run "
+        "(pydflash.linear.Policy.wgmma_tile; default: the dispatch table's)",
     )
     args = ap.parse_args(argv)
 
     import cupy as cp
 
-    from pydflash.linear import gemm_bf16act, gemm_quant
+    from pydflash.linear import gemm_bf16act
 
-    gemm_quant.ENABLED = not args.gemm_cu_ingest
-    if args.tile:
-        if args.tile not in gemm_bf16act.ALL_TILES:
-            ap.error(f"--tile: one of {sorted(gemm_bf16act.ALL_TILES)}")
-        gemm_bf16act.SM90_TILE = args.tile
+    tiles = [gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES]
+    if args.tile and args.tile not in tiles:
+        ap.error(f"--tile: one of {tiles}")
+    policy = linear.Policy(
+        quant_ingest=not args.gemm_cu_ingest,
+        wgmma_tile=args.tile or linear.DEFAULT.wgmma_tile,
+    )
 
     from pydflash import Engine
 
@@ -519,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
                 rng,
                 args.activations,
                 args.profile,
+                policy,
             )
             cp.get_default_memory_pool().free_all_blocks()
         for precision in [] if args.batch else args.precision:
@@ -535,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.propose,
                 rate,
                 args.host_profile,
+                policy,
             )
             cp.get_default_memory_pool().free_all_blocks()
 

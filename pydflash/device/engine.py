@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import checks
+from .. import checks, linear
 from ..errors import ShapeError
 from ..formats.tensor import GpuTensor
-from ..linear import decode as linear
 from ..model.envelope import HEAD_DIMS, MAX_GQA_GROUP
 from ..model.rope import RopeSpec, inv_freq
 from ..ops import attention as ops_attention

@@ -93,14 +93,16 @@ class ParamBlock:
 
 
 class PdlLauncher:
-    """cuLaunchKernelEx with the PDL attribute. `available` is False when the driver has no
-    cuLaunchKernelEx (CUDA < 12) or the device is not sm_90 (Hopper: the one generation it has
-    been run and captured into CUDA graphs on; PDL captures were reported to fail on sm_120)."""
+    """cuLaunchKernelEx with the PDL attribute. `loaded` when the driver has cuLaunchKernelEx
+    (CUDA 12+) and the device asked for it (`load`: its Caps take PDL or TMA tiles, which take
+    structs by value); `available` (PDL launches) when loaded and `programmatic` (the Caps
+    record's pdl: measured on sm_90, where PDL ran and was captured into CUDA graphs; PDL
+    captures were reported to fail on sm_120)."""
 
-    def __init__(self, arch_major: int) -> None:
+    def __init__(self, load: bool, programmatic: bool) -> None:
         self.available = False  # PDL launches (cleared when the driver refuses the attribute)
         self.loaded = False  # cuLaunchKernelEx itself (launches of kernels taking structs)
-        if arch_major != 9:  # measured on sm_90 (H200) only; newer chips keep plain launches
+        if not load:
             return
         try:
             lib = ctypes.CDLL("libcuda.so.1")
@@ -118,7 +120,8 @@ class PdlLauncher:
         self._attr = _Attr()
         self._attr.id = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
         self._attr.value[0] = 1  # programmaticStreamSerializationAllowed
-        self.available = self.loaded = True
+        self.loaded = True
+        self.available = bool(programmatic)
 
     def launch(
         self,

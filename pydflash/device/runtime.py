@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import DeviceError, KernelCompileError, ShapeError
-from . import kernels
+from . import kernels, tensormap
+from .caps import ARCHS, GENERIC, Caps
 from .pdl import PdlLauncher, PdlUnsupported
 
 try:  # CuPy is an optional extra (cuda12 / cuda13); the CPU parts of pydflash work without it.
@@ -98,19 +99,47 @@ class Runtime:
             self._fence_out = cp.cuda.Event(block=False, disable_timing=True)
             props = cp.cuda.runtime.getDeviceProperties(self.ordinal)
         self._staging: collections.deque = collections.deque()  # (event, pinned memory)
-        self.sm_count = int(props["multiProcessorCount"])
-        self.name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        self.arch = f"sm_{props['major']}{props['minor']}"
-        # opt-in shared memory per block (227 KiB on H100/H200, 163 KiB on A100, 99 KiB sm_89)
-        self.smem_per_block = int(self.device.attributes["MaxSharedMemoryPerBlockOptin"])
-        # shared memory an SM holds for its resident blocks (228 KiB H100/H200, 164 A100)
-        self.smem_per_sm = int(
-            self.device.attributes.get("MaxSharedMemoryPerMultiprocessor", self.smem_per_block)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        major, minor = int(props["major"]), int(props["minor"])
+        facts = ARCHS.get(f"sm_{major}{minor}", GENERIC)
+        self._pdl = PdlLauncher(load=facts.pdl or facts.tma, programmatic=facts.pdl)
+        per_block = int(self.device.attributes["MaxSharedMemoryPerBlockOptin"])
+        self.caps = Caps.of(
+            major,
+            minor,
+            name,
+            props["multiProcessorCount"],
+            per_block,
+            self.device.attributes.get("MaxSharedMemoryPerMultiprocessor", per_block),
+            tensor_maps=self._pdl.loaded and tensormap.available(),
         )
         self._functions: dict[kernels.KernelSpec, Any] = {}
-        self._pdl = PdlLauncher(int(props["major"]))
-        # programmatic dependent launch for the kernels that support it (Runtime.launch)
+        # programmatic dependent launch for the kernels that support it (Runtime.launch): an
+        # engine setting, False for a run without it (tools/bench_round.py --no-pdl)
         self.use_pdl = True
+
+    # -- the device's facts (Caps) ------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.caps.name
+
+    @property
+    def arch(self) -> str:
+        return self.caps.arch
+
+    @property
+    def sm_count(self) -> int:
+        return self.caps.sm_count
+
+    @property
+    def smem_per_block(self) -> int:
+        """Opt-in shared memory a block (227 KiB on H100/H200, 163 KiB A100, 99 KiB sm_89)."""
+        return self.caps.smem_per_block
+
+    @property
+    def smem_per_sm(self) -> int:
+        """Shared memory an SM holds for its resident blocks (228 KiB H100/H200)."""
+        return self.caps.smem_per_sm
 
     # -- stream ordering ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -163,7 +192,8 @@ class Runtime:
             if mod is None:
                 with self.device:
                     if fam.arch_specific:  # NVRTC for sm_XXa (CuPy would pass its own -arch)
-                        cubin = kernels.compile_for_arch(fam.module, self.arch + "a", fam.options)
+                        target = self.caps.arch_target
+                        cubin = kernels.compile_for_arch(fam.module, target, fam.options)
                         with tempfile.TemporaryDirectory() as tmp:
                             path = Path(tmp) / f"{fam.module}.cubin"
                             path.write_bytes(cubin)
@@ -206,7 +236,10 @@ class Runtime:
         values = spec.args(args)
         if spec.takes_structs:  # tensor maps by value: the driver's launch call
             if not self._pdl.loaded:
-                raise DeviceError(f"{spec.name}: needs cuLaunchKernelEx on sm_90 ({self.arch})")
+                raise DeviceError(
+                    f"{spec.name}: needs cuLaunchKernelEx, which this device's runtime did not "
+                    f"load ({self.arch})"
+                )
             stream = cp.cuda.get_current_stream().ptr
             programmatic = pdl and self.use_pdl and self._pdl.available
             self._pdl.launch(

@@ -16,7 +16,7 @@
   1, 2, 4, 8, 16, 32 or 64 and the extra sequences map to slot -1, which the kernels skip;
   the lens, positions and slot table are read on the device, so a replay needs no host
   synchronisation and the host only stages one small copy.
-  `activations="bf16"` trades that bit-exactness for throughput: from gemm_bf16act.MIN_ROWS
+  `activations="bf16"` trades that bit-exactness for throughput: from linear.dispatch.BF16ACT_ROWS
   stacked rows, the bf16 linears round their activations to bf16 and run one tensor-core GEMM
   a weight (pydflash/ops/gemm_bf16act.py), reading each weight once for the whole batch instead
   of once per 16 rows. The outputs then equal the exact round to the rounding of bf16
@@ -39,10 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import checks
+from .. import checks, linear
 from ..checks import FROM_CONFIG
 from ..errors import CapacityError, ShapeError
-from ..linear import gemm
 from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
 from .batch_round import PoolRounds
 from .rounds import DraftApi
@@ -180,11 +179,12 @@ class BatchApi(DraftApi):
             total = sum(cnt)
             x = checks.f32_rows(e, taps, "taps", total, c.tap_width)
             # The features as each sequence's own commit computes them: when every sequence
-            # takes the decode linear (fewer than gemm.MIN_ROWS rows), one pass over all rows
+            # takes the decode linear (fewer than linear.GEMM_ROWS rows), one pass over all rows
             # on that path (its rows do not depend on the row count), else a pass per sequence.
             # They come before the roll-backs: they allocate, a failure changes nothing.
             feats: list[Any] = []
-            if total and not any(gemm.use_gemm(e, self.fc, t) for t in cnt):
+            gemm_rows = any(linear.features_choice(e, self.fc, t).kernel == "gemm" for t in cnt)
+            if total and not gemm_rows:
                 every = self.ctx_features(e, x, total, big=False)
                 at = 0
                 for t in cnt:
@@ -218,7 +218,7 @@ class BatchApi(DraftApi):
         hidden]), pos_blocks [B, b] host ints (each sequence's block positions; after its
         last committed row when its sliding layers keep rings). Returns [B, b, hidden]
         (`out` if given). activations: "f32" (each sequence equals its single round bit for
-        bit) or "bf16" (the bf16 linears of buckets of >= gemm_bf16act.MIN_ROWS rows round
+        bit) or "bf16" (the bf16 linears of buckets of >= linear.dispatch.BF16ACT_ROWS rows round
         their activations to bf16: much faster at large B, equal to rounding). See the
         module docstring."""
         checks.require_runtime(e)
@@ -275,7 +275,9 @@ class BatchApi(DraftApi):
     def _pool_rounds(self, e: Engine, pool: DflashBatchKv) -> PoolRounds:
         rounds = self._batch_rounds.get(pool)
         if rounds is None:
-            rounds = self._batch_rounds[pool] = PoolRounds(e, self.cfg, self.layers[0], pool)
+            rounds = self._batch_rounds[pool] = PoolRounds(
+                e, self.cfg, self.layers[0], pool, self.policy
+            )
         return rounds
 
     # -- the draft step ------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import linear
 from ..errors import DeviceError
-from ..linear import decode as linear
 from ..linear import gemm_bf16act
 from ..ops.seqs import Seqs
 from .batch_kv import BUCKETS, MAX_BATCH, DflashBatchKv, bucket
@@ -39,6 +39,7 @@ class BatchRound:
     attn_b: Any = None  # (the norm, attention's combine, the gate_up GEMM's silu_mul_bf16)
     ff_b: Any = None  # in the bf16 mode: the GEMMs that read them skip round_bf16
     ff_in_bf16: bool = False  # set when gate_up wrote ff_b instead of buf.ff (this round)
+    policy: linear.Policy = linear.DEFAULT  # the drafter's kernel choices
 
     def project(
         self,
@@ -51,12 +52,15 @@ class BatchRound:
         ksplit: int = 1,
         split_stride: int = 0,
     ) -> None:
-        """linear.project for the round's linears, or gemm_bf16act's where it applies."""
-        if x is self.buf.ff and self.ff_in_bf16 and not gemm_bf16act.applies(e, w, m):
+        """linear.project for the round's linears, or gemm_bf16act's where the dispatch table
+        takes it (batched_bf16)."""
+        choice = linear.batched_choice(e, w, m, ksplit, self.policy)
+        takes = choice.kernel == "bf16act"
+        if x is self.buf.ff and self.ff_in_bf16 and not takes:
             # gate_up wrote only ff_b: down must read it (the MLP's two weights share a format
             # and the rows, so this cannot happen with pydflash.draft.weights' precisions)
             raise DeviceError(f"down ({w.fmt}) cannot read the bf16 ff gate_up ({m} rows) wrote")
-        if self.scratch is not None and gemm_bf16act.applies(e, w, m):
+        if self.scratch is not None and takes and choice.tile is not None:
             copies = {id(self.buf.xn): self.xn_b, id(self.buf.attn): self.attn_b}
             rounded = copies.get(id(x)) if x is not self.buf.ff else self.ff_b
             if x is self.buf.ff and not self.ff_in_bf16:
@@ -74,6 +78,7 @@ class BatchRound:
                 ksplit=ksplit,
                 split_stride=split_stride,
                 scratch=self.scratch,
+                tile=choice.tile,
                 rounded=rounded,
             )
         else:
@@ -92,12 +97,20 @@ class PoolRounds:
     bf16-activation scratch (on the first round that asks for it) and captured graphs (one per
     bucket and activations)."""
 
-    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, pool: DflashBatchKv) -> None:
+    def __init__(
+        self,
+        e: Engine,
+        cfg: DflashCfg,
+        layer: DflashLayer,
+        pool: DflashBatchKv,
+        policy: linear.Policy = linear.DEFAULT,
+    ) -> None:
+        self.policy = policy
         self.cap = bucket(min(pool.slots, MAX_BATCH))
         need = RoundBuffers.nbytes(e, cfg, layer, self.cap)
         what = f"batched-round buffers for {self.cap} sequences"
         with e.allocating(need, what):
-            self.buf = RoundBuffers(e, cfg, layer, self.cap)
+            self.buf = RoundBuffers(e, cfg, layer, self.cap, policy=policy)
             self.ld = 1 + cfg.block_size
             self.io = e.zeros(self.cap * (self.ld + 1), np.int32)  # states | slot table
         self.rows = self.cap * cfg.block_size  # stacked block rows of the largest bucket
@@ -107,11 +120,11 @@ class PoolRounds:
         self.attn_b: Any = None
         self.ff_b: Any = None
         self.graphs: dict[tuple[int, str], Any] = {}
-        # the bf16 mode's K splits a bucket (gemm_bf16act.round_splits; never above the
+        # the bf16 mode's K splits a bucket (linear.round_splits; never above the
         # buffers' own, which the f32 mode keeps): qkv, o, down
         self.bf16_splits = {
             n: tuple(
-                gemm_bf16act.round_splits(e, w, n * cfg.block_size, cap)
+                linear.round_splits(e, w, n * cfg.block_size, cap, policy)
                 for w, cap in (
                     (layer.qkv, self.buf.ks_qkv),
                     (layer.o, self.buf.ks_o),
@@ -141,6 +154,7 @@ class PoolRounds:
         if activations == "bf16":  # the same buffers, fewer K splits where that is faster
             buf = copy.copy(self.buf)
             buf.ks_qkv, buf.ks_o, buf.ks_down = self.bf16_splits[n]
+        bf16 = activations == "bf16"
         return BatchRound(
             n,
             buf,
@@ -148,5 +162,9 @@ class PoolRounds:
             slot,
             [r * kv_dim for r in pool.layer_rows],
             pool.pos_rows,
-            *((self.scratch, self.xn_b, self.attn_b, self.ff_b) if activations == "bf16" else ()),
+            scratch=self.scratch if bf16 else None,
+            xn_b=self.xn_b if bf16 else None,
+            attn_b=self.attn_b if bf16 else None,
+            ff_b=self.ff_b if bf16 else None,
+            policy=self.policy,
         )

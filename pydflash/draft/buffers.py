@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..linear import decode as linear
-from ..linear import gemm
+from .. import linear
 from ..model.rope import attention_factor, inv_freq
 from ..ops import attention
 
@@ -18,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .weights import DflashLayer
 
 INGEST_CHUNK = 256  # ctx rows projected per launch in ingest_ctx (bounds its buffers)
-# kv_part's rows where ingest takes the hi/lo path (gemm.takes_hilo_ingest: hi and lo rows of
+# kv_part's rows where ingest takes the hi/lo path (linear.holds_hilo_scratch: hi and lo rows of
 # 2048 ctx rows a launch: 512 blocks of the wgmma tile at qwen3-8b's kv width, ~2 waves on an
 # H200; kv_part of ks_kv * INGEST_CHUNK = 1024 rows gave launches of 64-128 blocks, measured
 # 5.4-6.0 ms for 4096 rows, slower than gemm.cu's 3.6)
@@ -52,16 +51,23 @@ class RoundBuffers(KSplits):
     kv_part: Any
     kv_xb: Any  # uint16, or None
 
-    def __init__(self, e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> None:
+    def __init__(
+        self,
+        e: Engine,
+        cfg: DflashCfg,
+        layer: DflashLayer,
+        seqs: int = 1,
+        policy: linear.Policy = linear.DEFAULT,
+    ) -> None:
         super().__init__(e, layer)
         self.seqs = seqs
-        hilo = seqs == 1 and gemm.takes_hilo_ingest(e, layer.kv)
+        hilo = seqs == 1 and linear.holds_hilo_scratch(e, layer.kv, policy)
         for name, shape in _shapes(cfg, layer, seqs, self, hilo).items():
             setattr(self, name, e.empty(shape))
         self.att = attention.Scratch(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
-        # ingest_ctx's hi/lo bf16 rows on sm_90 (gemm.ingest_plan): kv_part's rows, hidden wide
+        # ingest_ctx's hi/lo bf16 rows on wgmma devices (linear.ingest_plan): kv_part's rows
         self.kv_xb = (
             e.empty((self.kv_part.shape[0] * INGEST_CHUNK * cfg.hidden,), np.uint16)
             if hilo
@@ -77,7 +83,7 @@ class RoundBuffers(KSplits):
         _, o_part, ml_part = attention.Scratch.shapes(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
-        hilo = seqs == 1 and gemm.takes_hilo_ingest(e, layer.kv)
+        hilo = seqs == 1 and linear.holds_hilo_scratch(e, layer.kv)
         shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo)
         xb_bytes = 2 * shapes["kv_part"][0] * INGEST_CHUNK * cfg.hidden if hilo else 0
         f32 = [*shapes.values(), o_part, ml_part]

@@ -19,13 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import checks
+from .. import checks, linear
 from ..device.engine import Engine
 from ..errors import ShapeError
 from ..formats.tensor import GpuTensor
 from ..io.checkpoint import Checkpoint
-from ..linear import decode as linear
-from ..linear import gemm
 from ..model.config import DflashCfg
 from ..model.envelope import check_geometry
 from ..ops import attention, norm, qkv_rope
@@ -63,6 +61,7 @@ class DflashDraft(BatchApi):
         confidence: ConfidenceHead | None = None,
         vocab_map: tuple[Any, Any] | None = None,
         mask_rows: Any = None,
+        policy: linear.Policy = linear.DEFAULT,
     ) -> None:
         self.cfg, self.layers, self.fc = cfg, layers, fc
         self.hidden_norm, self.norm, self.markov = hidden_norm, norm, markov
@@ -72,9 +71,11 @@ class DflashDraft(BatchApi):
         # t2d [vocab]: the draft id of a target id or -1) and mask_embedding.pt's rows (f32
         # [1 or b - 1, hidden]), or None
         self.vocab_map, self.mask_rows = vocab_map, mask_rows
+        # the kernel choices a run forced (the dispatch table's by default)
+        self.policy = policy
         self.device, self.stream_ptr = e.ordinal, e.stream.ptr  # buffers ordered on it
         with e.ordered():
-            self._buf = RoundBuffers(e, cfg, layers[0])
+            self._buf = RoundBuffers(e, cfg, layers[0], policy=policy)
             self._init_draft_api(e, markov, confidence)
         # forward_round replays one captured CUDA graph per DflashKv (see forward_round)
         self.cuda_graphs = cuda_graphs
@@ -85,11 +86,20 @@ class DflashDraft(BatchApi):
     # -- loading -----------------------------------------------------------------------------
     @classmethod
     def load(
-        cls, e: Engine, dir: str | Path, precision: str = "bf16", *, cuda_graphs: bool = True
+        cls,
+        e: Engine,
+        dir: str | Path,
+        precision: str = "bf16",
+        *,
+        cuda_graphs: bool = True,
+        policy: linear.Policy = linear.DEFAULT,
     ) -> DflashDraft:
         """Load a checkpoint directory, validated in full (config, tensors, the supported
-        envelope) before any GPU memory is touched. cuda_graphs: replay forward_round as a
-        captured CUDA graph (False: plain launches)."""
+        envelope) before any GPU memory is touched. cuda_graphs: replay rounds, proposals and
+        commits as captured CUDA graphs (False: plain launches). policy: kernel choices to
+        force (pydflash.linear.Policy; benchmarks), the dispatch table's by default."""
+        if not isinstance(policy, linear.Policy):
+            raise ShapeError(f"policy: expected a pydflash.linear.Policy, found {policy!r}")
         if precision not in PRECISIONS:
             raise ShapeError(f"precision must be one of {PRECISIONS}, found {precision!r}")
         ckpt = Checkpoint.open(dir)
@@ -103,6 +113,7 @@ class DflashDraft(BatchApi):
                 ckpt.cfg,
                 precision=precision,
                 cuda_graphs=cuda_graphs,
+                policy=policy,
                 **load_weights(e, ckpt, precision),
             )
 
@@ -134,18 +145,23 @@ class DflashDraft(BatchApi):
             x = checks.f32_rows(e, taps, "taps", checks.count(t, "t"), c.tap_width)
             out = e.empty((t, c.hidden))
             if t:
-                if big is None:  # many rows: the tiled GEMM, one partial
-                    big = gemm.use_gemm(e, self.fc, t)
-                ks = 1 if big else linear.k_splits(e, self.fc)
-                self._features_kernels(e, x, t, out, e.empty(ks * t * c.hidden), big)
+                choice = linear.features_choice(e, self.fc, t)
+                if big is not None:  # the caller's path: the tiled GEMM or the decode linear
+                    round_path = linear.choose("round", self.fc.fmt, t, e.caps, k=c.tap_width)
+                    choice = linear.Choice("gemm") if big else round_path
+                ks = 1 if choice.kernel == "gemm" else linear.k_splits(e, self.fc)
+                self._features_kernels(e, x, t, out, e.empty(ks * t * c.hidden), choice)
             return out
 
-    def _features_kernels(self, e: Engine, x: Any, t: int, out: Any, part: Any, big: bool) -> None:
-        """hidden_norm(fc(x)) of t rows into out, through `part` (>= ks * t * hidden floats)."""
+    def _features_kernels(
+        self, e: Engine, x: Any, t: int, out: Any, part: Any, choice: linear.Choice
+    ) -> None:
+        """hidden_norm(fc(x)) of t rows into out by `choice`, through `part` (>= ks * t *
+        hidden floats)."""
         c = self.cfg
-        ks = 1 if big else linear.k_splits(e, self.fc)
+        ks = 1 if choice.kernel == "gemm" else linear.k_splits(e, self.fc)
         part = part[: ks * t * c.hidden].reshape(ks, t, c.hidden)
-        gemm.project_rows(e, self.fc, x, t, part, big, ks, t * c.hidden)
+        linear.project_rows(e, choice, self.fc, x, t, part, ks, t * c.hidden)
         norm.residual_rms_norm(
             e,
             out,
@@ -207,8 +223,8 @@ class DflashDraft(BatchApi):
             # many rows: the tiled GEMM over all of kv_part (sm_90 bf16: hi and lo partials);
             # else the decode linear's split-K partials, INGEST_CHUNK rows a launch
             kvs: list = [la.kv for la in self.layers]
-            plan = gemm.ingest_plan(e, kvs, t, buf.kv_part, buf.ks_kv, buf.kv_xb)
-            big, ks, stride, xb = plan.big, plan.ks, plan.stride, plan.xb
+            plan = linear.ingest_plan(e, kvs, t, buf.kv_part, buf.ks_kv, buf.kv_xb, self.policy)
+            ks, stride, xb = plan.ks, plan.stride, plan.xb
             holds = None  # the layers of a chunk share one hi / lo split of its rows in xb
             for r0 in range(0, t, plan.chunk):
                 m, row = min(plan.chunk, t - r0), start + r0
@@ -216,8 +232,8 @@ class DflashDraft(BatchApi):
                     if row + m <= keep[li]:
                         continue  # every row of this chunk is overwritten later in the ring
                     x = f[r0 : r0 + m]
-                    holds = gemm.project_rows(
-                        e, layer.kv, x, m, buf.kv_part, big, ks, stride, xb, holds
+                    holds = linear.project_rows(
+                        e, plan.choice, layer.kv, x, m, buf.kv_part, ks, stride, xb, holds
                     )
                     qkv_rope.qkv_norm_rope(
                         e,
@@ -252,12 +268,15 @@ class DflashDraft(BatchApi):
         rows), the base row read on the device."""
         c, buf = self.cfg, self._buf
         feats = staged.feats[:t]
-        self._features_kernels(e, staged.taps[:t], t, feats, staged.part, False)
+        features = linear.features_choice(e, self.fc, t)  # the decode linear at these rows
+        self._features_kernels(e, staged.taps[:t], t, feats, staged.part, features)
         base, pos = staged.state[:1], staged.state[1 : 1 + t]
         scatter_block_pos(e, kv.pos, base, pos, t)
         ks, stride = buf.ks_kv, buf.kv_part.shape[1] * buf.kv_part.shape[-1]
+        kvs: list = [la.kv for la in self.layers]
+        plan = linear.ingest_plan(e, kvs, t, buf.kv_part, ks, None)  # the decode linear here
         for li, layer in enumerate(self.layers):
-            linear.project(e, layer.kv, feats, t, buf.kv_part, ksplit=ks, split_stride=stride)
+            linear.project_rows(e, plan.choice, layer.kv, feats, t, buf.kv_part, ks, stride)
             qkv_rope.qkv_norm_rope(
                 e,
                 buf.kv_part,

@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import checks, philox
+from .. import checks, linear, philox
 from ..checks import FROM_CONFIG
 from ..errors import CapacityError, ShapeError
 from ..formats.tensor import GpuTensor
-from ..linear import decode as linear
 from ..ops import elementwise
 from .kv import DflashKv
 from .step import (
@@ -80,6 +79,7 @@ class DraftApi:
     precision: str
     embed: GpuTensor | None
     lm_head: GpuTensor | None
+    policy: linear.Policy  # the kernel choices a run forced
     vocab_map: tuple[Any, Any] | None  # a trimmed vocabulary's (d2t, t2d) device tables
     mask_rows: Any  # mask_embedding.pt's rows on the device, or None
     cuda_graphs: bool

@@ -35,10 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import checks, philox
+from .. import checks, linear, philox
 from ..errors import QuantizationError, ShapeError
 from ..formats.tensor import GpuTensor
-from ..linear import decode as linear
 from ..ops import elementwise, sampling
 from ..ops import markov as ops_markov
 

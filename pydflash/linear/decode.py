@@ -3,10 +3,11 @@ f32 activations split hi/lo) or in f32 FFMA (the f32 parity format), with split-
 added by the consumer kernels (qkv_norm_rope, residual_rms_norm), and the sampling epilogue
 (`project_sample`): logits streamed into Gumbel-max partials instead of being stored.
 
-`kernel` picks the implementation of the tensor-core formats: "v3" (linear_v3.cu: a per-warp
-cp.async ring, pydflash/ops/linear_v3.py; the default) or "v2" (this module's linear.cu). f32
-weights always take linear.cu's FFMA kernel. k_splits and project must be given the same
-kernel: the consumer adds exactly the partials that kernel's plan writes."""
+`kernel` names the implementation of the tensor-core formats: "v3" (linear_v3.cu: a per-warp
+cp.async ring, pydflash/linear/decode_v3.py) or "v2" (this module's linear.cu); which one runs
+where is pydflash.linear.dispatch's choice. f32 weights always take linear.cu's FFMA kernel.
+k_splits and project must be given the same kernel: the consumer adds exactly the partials
+that kernel's plan writes."""
 
 from __future__ import annotations
 
@@ -26,15 +27,7 @@ WARPS = 4  # warps per block
 UNROLL = 2  # 32-chunks a warp loads before computing
 ROWS_PER_BLOCK = 32  # output rows per block: two m-tiles of 16
 F32_WARPS = 8
-KERNELS = ("v2", "v3")
-# v3 is the default: faster than v2 in every tensor-core format at the public geometries
-# (PERF.md "linear_v3", tools/bench_linear.py --variants); v2 stays selectable and is the
-# reference v3 equals bit for bit under v2's plan.
-DEFAULT_KERNEL = "v3"
-# ... except the sampling epilogue over an lm_head: v3's (one K range, 2 waves of row groups)
-# made the draft step 0.46 -> 0.75 ms and propose 1.40 -> 1.65 ms (qwen3-8b-b16, V = 151936,
-# bench_round --propose on 14c2e8f): project_sample keeps linear.cu unless asked.
-SAMPLE_KERNEL = "v2"
+KERNELS = ("v2", "v3")  # which one runs where: pydflash.linear.dispatch
 
 FAMILY = Family(
     "linear",
@@ -82,7 +75,7 @@ def _kernel(kernel: str) -> str:
     return kernel
 
 
-def k_splits(rt: Runtime, w: GpuTensor, kernel: str = DEFAULT_KERNEL) -> int:
+def k_splits(rt: Runtime, w: GpuTensor, kernel: str) -> int:
     """Split-K factor of a weight at batch <= 16: enough blocks to fill the GPU (about 4 per
     SM) while each split keeps every warp of its block busy; 1 for f32 (one FFMA pass).
     It depends on the weight and the device only, never on M, so a row's result is the same
@@ -110,7 +103,7 @@ def project(
     ksplit: int = 1,
     split_stride: int = 0,
     *,
-    kernel: str = DEFAULT_KERNEL,
+    kernel: str,
 ) -> None:
     """out = x . w^T (epilogue store), residual + x . w^T (add; residual may alias out), or
     silu(gate) * up for an interleaved gate/up weight (silu_mul). Rows are strided by their
@@ -177,7 +170,7 @@ def project_sample(
     part: Any = None,
     part_idx: Any = None,
     slot_base: int = 0,
-    kernel: str = SAMPLE_KERNEL,
+    kernel: str,
 ) -> None:
     """The sampling epilogue over z = x . w^T (one K range): z soft-capped when apply_cap and
     params[1] > 0, plus `residual` rows when given, stored to `y` when given; with `part` each

@@ -3,23 +3,19 @@
 exactly to bf16 in shared memory), f32 activations split hi/lo like the decode kernel
 (linear.cu), one f32 output (no split-K partials: n_split = 1 for the consumers).
 
-Where it is used: `DflashDraft.ingest_ctx` and `ctx_features` take this path when a call brings
-at least MIN_ROWS rows (`use_gemm`); fewer rows, and f32 weights, stay on linear.project. On
-sm_90 with bf16 weights ingest_ctx's projection takes gemm_bf16act.project_split instead (the
-same hi/lo activation split on the wgmma tile, two partials; `ingest_plan`). The two
-paths sum in different orders: a row agrees with itself bit for bit on the same path (a row's
-result never depends on the other rows of the call) and to rounding across paths."""
+Where it runs is pydflash.linear.dispatch's choice (ctx_features and ingest_ctx of many rows).
+It and the decode kernel sum in different orders: a row agrees with itself bit for bit on the
+same path (a row's result never depends on the other rows of the call) and to rounding across
+paths."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..device.kernels import Family
 from ..errors import DeviceError, ShapeError
-from . import decode as linear
-from . import gemm_bf16act, gemm_quant
 from .split import checked_row_stride
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,12 +31,6 @@ XS_LD = 36  # floats per X row in shared memory (32 + 4: conflict-free float4 re
 FORMATS = ("bf16", "q8_0", "q4_0")
 _RAW_ROW = {"bf16": 64, "q8_0": 32, "q4_0": 16}  # bytes of a W row per k-tile
 MAX_GRID_Y = 65535
-
-# Rows from which a call takes the GEMM: past the crossover with the decode kernel measured on
-# an H200 at the qwen3-8b kv projection, about 415 rows in bf16 / q8_0 / q4_0 (up to one wave of
-# blocks, M <= 1024, the GEMM takes ~155 us flat, the decode kernel 0.37-0.47 us a row;
-# tools/bench_kernels.py --gemm-only prints both paths per row count).
-MIN_ROWS = 448
 
 
 def smem_bytes(fmt: str) -> int:
@@ -67,18 +57,6 @@ _SIG = (
     "float* Y, long long ldy, int M, int N, int K"
 )
 GEMM = {fmt: FAMILY.kernel(f"gemm_{fmt}", _SIG) for fmt in FORMATS}
-
-
-def fits(rt: Runtime, fmt: str) -> bool:
-    """The GEMM has a kernel for `fmt` and its shared memory fits this device."""
-    return fmt in GEMM and smem_bytes(fmt) <= rt.smem_per_block
-
-
-def use_gemm(rt: Runtime, w: GpuTensor, rows: int) -> bool:
-    """Whether a call projecting `rows` rows through w takes the GEMM (rows >= MIN_ROWS, a
-    format it has, room on the device). Depends on the call's row count only: every row of
-    one call takes the same path."""
-    return rows >= MIN_ROWS and fits(rt, w.fmt)
 
 
 def flops(m: int, n: int, k: int) -> tuple[int, int]:
@@ -130,75 +108,3 @@ def matmul(rt: Runtime, w: GpuTensor, x: Any, m: int, out: Any) -> None:
             N=n,
             K=k,
         )
-
-
-class IngestPlan(NamedTuple):
-    """How ingest_ctx projects a call's rows into its partial buffer: `chunk` rows a launch,
-    `ks` partials `stride` floats apart for the consumer; big: the tiled GEMM (gemm.matmul, one
-    partial; or with `xb`, the bf16 scratch, gemm_bf16act.project_split: hi and lo partials),
-    else the decode linear's split-K partials."""
-
-    big: bool
-    chunk: int
-    ks: int
-    stride: int
-    xb: Any
-
-
-def takes_hilo_ingest(rt: Runtime, w: GpuTensor) -> bool:
-    """Whether ingest_ctx's many-row projection through w runs as two partials, hi(x) . w^T and
-    lo(x) . w^T, on sm_90's TMA tiles (bf16: gemm_bf16act; q8_0 / q4_0: gemm_quant, when
-    enabled) instead of gemm.matmul: the drafter then keeps the bf16 scratch they read."""
-    return gemm_bf16act.takes_ingest(rt, w) or gemm_quant.takes_ingest(rt, w)
-
-
-def ingest_plan(
-    rt: Runtime, ws: list[GpuTensor], rows: int, part: Any, ks_decode: int, xb: Any
-) -> IngestPlan:
-    """The plan for a call of `rows` rows through every layer's kv weight `ws`, into `part`
-    [ks_decode, chunk, N] (xb: the hi/lo scratch where the drafter has one, else None)."""
-    n = part.shape[-1]
-    if not all(use_gemm(rt, w, rows) for w in ws):
-        return IngestPlan(False, part.shape[1], ks_decode, part.shape[1] * n, None)
-    if xb is not None and all(takes_hilo_ingest(rt, w) for w in ws):
-        half = part.size // n // 2  # two partials: the hi and the lo products
-        chunk = -(-rows // -(-rows // half))  # balanced: the last chunk computes no spare rows
-        return IngestPlan(True, chunk, 2, chunk * n, xb)
-    return IngestPlan(True, part.size // n, 1, part.size, None)
-
-
-def project_rows(
-    rt: Runtime,
-    w: GpuTensor,
-    x: Any,
-    m: int,
-    part: Any,
-    big: bool,
-    ksplit: int,
-    split_stride: int,
-    xb: Any = None,
-    xb_holds: tuple | None = None,
-) -> tuple | None:
-    """The projection of m rows on the path their call takes (`big` = use_gemm): the GEMM,
-    one partial over the start of `part` (rows of w.out_features, n_split = 1 for the
-    consumer) or, given the bf16 scratch xb, gemm_bf16act's / gemm_quant's hi and lo partials
-    split_stride apart (n_split = 2); or linear.project's `ksplit` partials split_stride apart.
-    Returns what xb holds after the call (which rows' hi / lo split, where), None if unused:
-    a caller that passes it back as xb_holds for the same rows (every layer of an ingest
-    chunk) skips the split prepass, which reads x and writes xb anew each time otherwise."""
-    if not (big and xb is not None):
-        if big:
-            matmul(rt, w, x, m, part.reshape(-1, w.out_features))
-        else:
-            linear.project(rt, w, x, m, part, ksplit=ksplit, split_stride=split_stride)
-        return None
-    holds = (x.data.ptr, x.strides[0], m, split_stride // w.out_features, xb.data.ptr)
-    split = holds != xb_holds
-    if w.fmt in gemm_quant.FORMATS:
-        gemm_quant.project_split(rt, w, x, m, part, split_stride, scratch=xb, split=split)
-    else:  # one tile for every row count: a row's bits never depend on m
-        tile = gemm_bf16act.resolve_tile(rt, gemm_bf16act.SM90_TILE, w.in_features, 1)
-        gemm_bf16act.project_split(
-            rt, w, x, m, part, split_stride, scratch=xb, tile=tile, split=split
-        )
-    return holds

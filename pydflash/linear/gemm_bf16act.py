@@ -5,7 +5,7 @@ product instead of the exact path's two), for forward_round_batch(activations="b
 `ksplit` partials split_stride apart, which the consumers add, or "silu_mul"), so the round's
 code is the same on either path; it first rounds the activations into `scratch` (bf16, at least
 m * K elements). bf16 weights only: other formats stay on the exact decode linear
-(`applies`)."""
+(pydflash.linear.dispatch's batched_bf16 rows)."""
 
 from __future__ import annotations
 
@@ -41,14 +41,10 @@ WGMMA_STAGES = 3
 # warp, two consumer warpgroups): name -> (rows of W a block, ring stages); 128 rows of X a block
 TMA_TILES = {"tma_128x128_s3": (128, 3), "tma_128x128_s6": (128, 6), "tma_128x256_s4": (256, 4)}
 TMA_THREADS = 288
-# sm_90's tile above SM90_SMALL_ROWS rows (tools/bench_kernels.py --batched on an H200, a qwen3-8b
-# layer's four linears at the round's splits: M = 256 tma_128x128_s6 217.6 us, wgmma 241.8;
-# M = 1024 816.4 against 904.9)
+# the tiles pydflash.linear.dispatch chooses (its table says where and why)
 SM90_TILE = "tma_128x128_s6"
 DEFAULT_TILE = "w8_128x128_k64"
-SMALL_TILE = "w4_64x128_k64"  # up to SMALL_ROWS rows: half the rows of a block, twice the blocks
-SMALL_ROWS = 128
-SM90_SMALL_ROWS = 64  # on sm_90 the wgmma tile takes over from 65 rows
+SMALL_TILE = "w4_64x128_k64"
 THREADS = 256  # round_bf16's block
 EPILOGUES = ("store", "silu_mul", "silu_mul_bf16")  # the last: silu_mul rounded, bf16 bits out
 
@@ -65,10 +61,6 @@ def tile_shape(tile: str) -> tuple[int, int, int, int]:
     return bm, bn, 32 * wm * wn, stages * (bm + bn) * bk * 2
 
 
-# Rows from which a batched round takes this path (fewer: the exact decode linear, which at
-# M <= 32 streams the weights once or twice anyway). The batched bucket of 4 qwen3-8b blocks
-# (M = 64) is the first where tiles of 128 rows beat re-streaming (tools/bench_round.py --batch).
-MIN_ROWS = 64
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 
@@ -105,76 +97,6 @@ GEMM.update(
 ALL_TILES = (*TILES, WGMMA_TILE, *TMA_TILES)
 
 
-def pick_tile(rows: int, arch: str | None = None) -> str:
-    """The tile for `rows` rows on `arch`, from tools/bench_kernels.py --batched on an H200
-    (qwen3-8b's layer: w4_64x128_k64 133 us at M = 64 against 145 for wgmma and 203-255 for the
-    other 128-row tiles; at M = 256 wgmma 249 us, w8_128x128_k64 368 us; at M = 1024 wgmma
-    1040 us, w8_128x128_k64 1359 us)."""
-    if arch == "sm_90":  # at M = 128 wgmma 170 us against the small tile's 230 (a386ca1)
-        return SMALL_TILE if rows <= SM90_SMALL_ROWS else SM90_TILE
-    return SMALL_TILE if rows <= SMALL_ROWS else DEFAULT_TILE
-
-
-def applies(rt: Runtime, w: GpuTensor, rows: int) -> bool:
-    """Whether `rows` rows through w take this path: bf16 weights, at least MIN_ROWS rows, the
-    ring fits the device's shared memory."""
-    smem = tile_shape(pick_tile(rows, getattr(rt, "arch", None)))[3]
-    return w.fmt == "bf16" and rows >= MIN_ROWS and smem <= rt.smem_per_block
-
-
-def tma_usable(rt: Runtime) -> bool:
-    """Whether the TMA tiles can run: sm_90, and a driver that encodes tensor maps and
-    launches kernels taking them (cuLaunchKernelEx)."""
-    return (
-        getattr(rt, "arch", None) == "sm_90"
-        and getattr(rt, "launches_structs", False)
-        and tensormap.available()
-    )
-
-
-def resolve_tile(rt: Runtime, tile: str, k: int, ksplit: int) -> str:
-    """`tile`, or the cp.async wgmma tile where a TMA tile cannot take the call: no tensor-map
-    support, or K splits that cut a 64-wide K tile (the TMA tiles copy whole ones)."""
-    if tile in TMA_TILES:
-        per_split = split_k_plan(k // CHUNK, ksplit)[1]
-        if not tma_usable(rt) or (ksplit > 1 and per_split % 2):
-            return WGMMA_TILE
-    return tile
-
-
-def round_splits(rt: Runtime, w: GpuTensor, m: int, cap: int) -> int:
-    """K splits of a batched round's "store" linear over m rows, at most `cap` (what the round's
-    partial buffers hold: linear.k_splits). On the TMA tiles: the most splits whose blocks still
-    fit one wave, at least one (tools/bench_kernels.py --batched 256 512 --ksplits 1 2 4 on an
-    H200, tma_128x128_s6: M = 256 qkv 1 split 30.8 us against 4 splits 44.7, o 2 splits 20.5
-    against 30.8, down 2 splits 45.5 against 54.1; at M = 512 one split each); `cap` elsewhere
-    (the tiles the splits were tuned on)."""
-    k = w.in_features
-    tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, cap)
-    if tile not in TMA_TILES or not applies(rt, w, m):
-        return cap
-    bm, bn, _, smem = tile_shape(tile)
-    per_sm = max(1, int(getattr(rt, "smem_per_sm", 0)) // (smem + 1024))  # + the block reserve
-    blocks = -(-m // bm) * -(-w.out_features // bn)
-    best = 1
-    for s in range(2, cap + 1):
-        n_splits, per_split = split_k_plan(k // CHUNK, s)
-        if n_splits == s and per_split % 2 == 0 and blocks * s <= per_sm * rt.sm_count:
-            best = s
-    return best
-
-
-def takes_ingest(rt: Runtime, w: GpuTensor) -> bool:
-    """Whether ingest_ctx's many-row projection through w runs here (project_split on the
-    wgmma tile: bf16 weights on sm_90, where it was measured against gemm.cu) instead of
-    gemm.matmul."""
-    return (
-        w.fmt == "bf16"
-        and getattr(rt, "arch", None) == "sm_90"
-        and tile_shape(WGMMA_TILE)[3] <= rt.smem_per_block
-    )
-
-
 def scratch_elements(k_max: int, rows: int) -> int:
     """bf16 elements of the rounded-activation scratch for `rows` rows of up to k_max inputs."""
     return rows * k_max
@@ -196,7 +118,7 @@ def project(
     ksplit: int = 1,
     split_stride: int = 0,
     scratch: Any,
-    tile: str | None = None,
+    tile: str,
     rounded: Any = None,
 ) -> None:
     """out = round_bf16(x[:m]) . w^T, queued on the current stream: "store" writes `ksplit`
@@ -206,13 +128,11 @@ def project(
     multiple of 4 floats); out: float32 with contiguous rows of N (N / 2 for silu_mul) floats
     ("silu_mul_bf16": uint16 rows of N / 2, silu_mul rounded to bf16: the down projection's
     rounded input);
-    scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of TILES or
-    WGMMA_TILE (None: by the row count and the device, pick_tile). rounded: round_bf16(x) already
+    scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of ALL_TILES
+    (pydflash.linear.dispatch's choice). rounded: round_bf16(x) already
     written by x's producer (uint16, contiguous rows of K, >= m rows): the GEMM reads it and the
     rounding pass is skipped (scratch unused)."""
     k = w.in_features
-    if tile is None:
-        tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, ksplit)
     ldx = _check(rt, w, x, m, epilogue, ksplit, scratch, m * k, tile)
     if rounded is not None and (
         rounded.dtype != np.uint16
@@ -243,7 +163,7 @@ def project_split(
     split_stride: int,
     *,
     scratch: Any,
-    tile: str | None = None,
+    tile: str,
     split: bool = True,
 ) -> None:
     """Two partials the consumer adds: out = hi(x[:m]) . w^T and out + split_stride floats =
@@ -256,10 +176,8 @@ def project_split(
     x: float32 [>= m, K] rows (row stride a multiple of 4 floats); out: contiguous float32 of
     >= split_stride + m * N elements; split_stride a multiple of N, >= m * N; scratch: uint16,
     >= (P + m) * K elements (16-byte aligned). split=False: the scratch already holds x's
-    hi / lo rows there (a previous call's prepass; gemm.project_rows tracks it), none is run."""
+    hi / lo rows there (a previous call's prepass; linear.project_rows tracks it), none is run."""
     n, k = w.out_features, w.in_features
-    if tile is None:
-        tile = resolve_tile(rt, pick_tile(m, getattr(rt, "arch", None)), k, 1)
     rows = split_stride // n if n else 0
     stride_problem, out_problem = split_problems(n, m, split_stride, out)
     if stride_problem:
@@ -291,10 +209,10 @@ def _check(
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
     if tile not in ALL_TILES:
         raise ShapeError(f"tile must be one of {sorted(ALL_TILES)}, found {tile!r}")
-    arch = getattr(rt, "arch", None)
-    if (tile == WGMMA_TILE or tile in TMA_TILES) and arch != "sm_90":
-        raise DeviceError(f"{tile}: wgmma runs on sm_90 only, this device is {arch}")
-    if tile in TMA_TILES and not tma_usable(rt):
+    caps = rt.caps
+    if (tile == WGMMA_TILE or tile in TMA_TILES) and not caps.wgmma:
+        raise DeviceError(f"{tile}: wgmma tiles do not run on {caps.arch}")
+    if tile in TMA_TILES and not caps.tma:
         raise DeviceError(f"{tile}: the driver cannot encode tensor maps or launch with them")
     if epilogue not in EPILOGUES:
         raise ShapeError(f"epilogue must be one of {EPILOGUES}, found {epilogue!r}")

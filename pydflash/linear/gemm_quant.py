@@ -5,8 +5,9 @@ cores exactly and the block's f16 scale is applied to its sums (gemm.cu's scheme
 class: ~16-bit activations, exact products, f32 accumulation).
 
 The weights are wgmma's A operand from registers (each thread turns its quants into bf16), the
-activations the B operand (TMA boxes of the bf16 hi/lo scratch). Ingest takes this path while
-ENABLED (the default; bench_round.py --gemm-cu-ingest times gemm.cu instead)."""
+activations the B operand (TMA boxes of the bf16 hi/lo scratch). Where ingest takes it is
+pydflash.linear.dispatch's choice (Policy.quant_ingest=False sends it to gemm.cu:
+bench_round.py --gemm-cu-ingest)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
     from .split import GpuTensor
 
-# On: exact to gemm.cu's class and faster on an H200 (tools/bench_round.py --preset qwen3-8b-b16
-# --ctx 4096, ingest_ctx of 4096 rows: q8_0 3.184 ms, q4_0 3.168 ms against gemm.cu's 4.177);
-# False sends quantized ingest back to gemm.cu.
-ENABLED = True
 FORMATS = ("q8_0", "q4_0")
 STAGES = 4  # K tiles in the ring
 THREADS = 288  # two consumer warpgroups and a producer warp
@@ -56,18 +53,6 @@ def smem_bytes(fmt: str) -> int:
     return STAGES * (BLOCK_R * 128 + tile_bytes(fmt)) + 1024
 
 
-def takes_ingest(rt: Runtime, w: GpuTensor) -> bool:
-    """Whether ingest's projection of w runs here: ENABLED, a q8_0 / q4_0 weight with K a
-    multiple of 64, sm_90 with tensor maps, the ring in the device's shared memory."""
-    return (
-        ENABLED
-        and w.fmt in FORMATS
-        and w.in_features % BLOCK_K == 0
-        and gemm_bf16act.tma_usable(rt)
-        and smem_bytes(w.fmt) <= rt.smem_per_block
-    )
-
-
 def project_split(
     rt: Runtime,
     w: GpuTensor,
@@ -80,7 +65,7 @@ def project_split(
     split: bool = True,
 ) -> None:
     """gemm_bf16act.project_split's contract for q8_0 / q4_0 weights (split=False: the scratch
-    already holds x's split, as gemm.project_rows tracks): out = hi(x[:m]) . w^T
+    already holds x's split, as linear.project_rows tracks): out = hi(x[:m]) . w^T
     and out + split_stride floats = lo(x[:m]) . w^T (the consumer adds them), one launch over
     P + m rows of the bf16 scratch, P = split_stride / N (the hi rows at [0, m), the lo rows at
     [P, P + m); rows [m, P) of the first partial are computed from whatever the scratch holds
@@ -121,8 +106,8 @@ def project_split(
         problems.append(f"gemm_quant: {rows + m} x {n} outputs exceed one launch's grid")
     if problems:
         raise ShapeError("; ".join(problems))
-    if not gemm_bf16act.tma_usable(rt):  # sm_90 with the driver's tensor maps
-        raise DeviceError("gemm_quant: runs on sm_90 with tensor maps only")
+    if not rt.caps.tma:  # wgmma with the driver's tensor maps
+        raise DeviceError(f"gemm_quant: needs wgmma and tensor maps ({rt.caps.arch})")
     if smem_bytes(w.fmt) > rt.smem_per_block:
         raise DeviceError(
             f"gemm_quant {w.fmt}: needs {smem_bytes(w.fmt)} bytes of shared memory per block, "

@@ -1,0 +1,153 @@
+"""The dispatch table (pydflash.linear.dispatch), row by row, on the capabilities of every
+target (synthetic Caps: no GPU needed), and the plans built on it."""
+
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+
+from pydflash import linear
+from pydflash.device.caps import Caps
+from pydflash.linear import dispatch, gemm_bf16act
+from tests.test_gemm import FakeArray, fake_w
+
+H200 = Caps.synthetic("sm_90")
+NO_TMA = Caps.synthetic("sm_90", tensor_maps=False)
+OTHERS = [Caps.synthetic(a) for a in ("sm_80", "sm_89", "sm_120")]
+NEW = Caps.of(10, 0, "a new generation", 148, 227 * 1024, 228 * 1024, tensor_maps=True)
+FORMATS = ("bf16", "q8_0", "q4_0")
+G = dispatch.GEMM_ROWS
+
+
+def kernel(mode, fmt, rows, caps, k=4096, **kw):
+    return dispatch.choose(mode, fmt, rows, caps, k=k, **kw)
+
+
+@pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
+def test_round_and_sample_rows(caps):
+    for rows in (1, 16, 1024):
+        assert kernel("round", "f32", rows, caps) == ("decode_f32", None)
+        assert kernel("sample", "f32", rows, caps) == ("sample_f32", None)
+        for fmt in FORMATS:
+            assert kernel("round", fmt, rows, caps) == ("decode_v3", None)
+            assert kernel("sample", fmt, rows, caps) == ("sample", None)
+
+
+@pytest.mark.parametrize("caps", [H200, *OTHERS, NEW], ids=lambda c: c.arch)
+def test_features_take_gemm_cu_from_the_crossover(caps):
+    for fmt in FORMATS:
+        assert kernel("features", fmt, G, caps).kernel == "gemm"
+        assert kernel("features", fmt, G - 1, caps).kernel == "decode_v3"
+    assert kernel("features", "f32", 10**6, caps).kernel == "decode_f32"  # FFMA always
+    small = dataclasses.replace(caps, smem_per_block=48 * 1024)  # no room for gemm.cu's ring
+    assert kernel("features", "bf16", 10**6, small).kernel == "decode_v3"
+
+
+def test_ingest_on_wgmma_tma_and_elsewhere():
+    assert kernel("ingest", "bf16", G, H200) == ("bf16act_split", "tma_128x128_s6")
+    assert kernel("ingest", "bf16", G, NO_TMA) == ("bf16act_split", "wgmma_128x128_k64")
+    for fmt in ("q8_0", "q4_0"):
+        assert kernel("ingest", fmt, G, H200) == ("quant_split", None)
+        assert kernel("ingest", fmt, G, NO_TMA) == ("gemm", None)  # needs the tensor maps
+        assert kernel("ingest", fmt, G, H200, k=4096 + 32) == ("gemm", None)  # K % 64
+        off = dispatch.Policy(quant_ingest=False)  # bench_round --gemm-cu-ingest
+        assert kernel("ingest", fmt, G, H200, policy=off) == ("gemm", None)
+    for caps in [*OTHERS, NEW]:
+        for fmt in FORMATS:
+            assert kernel("ingest", fmt, G, caps) == ("gemm", None), caps.arch
+    for fmt in FORMATS:
+        assert kernel("ingest", fmt, G - 1, H200).kernel == "decode_v3"
+
+
+def test_batched_bf16_tiles():
+    small, wg = gemm_bf16act.SMALL_TILE, "tma_128x128_s6"
+    assert kernel("batched_bf16", "bf16", 63, H200).kernel == "decode_v3"
+    assert kernel("batched_bf16", "bf16", 64, H200) == ("bf16act", small)
+    assert kernel("batched_bf16", "bf16", 65, H200) == ("bf16act", wg)
+    assert kernel("batched_bf16", "bf16", 4096, NO_TMA) == ("bf16act", "wgmma_128x128_k64")
+    # a K split that cuts a 64-wide K tile: the cp.async wgmma tile (43 chunks a split)
+    assert kernel("batched_bf16", "bf16", 256, H200, k=4096, ksplit=3).tile == "wgmma_128x128_k64"
+    assert kernel("batched_bf16", "bf16", 256, H200, k=4096, ksplit=2).tile == wg
+    for caps in [*OTHERS, NEW]:
+        assert kernel("batched_bf16", "bf16", 128, caps) == ("bf16act", small)
+        assert kernel("batched_bf16", "bf16", 129, caps) == ("bf16act", gemm_bf16act.DEFAULT_TILE)
+    for fmt in ("q8_0", "q4_0", "f32"):  # the exact decode linear keeps them
+        assert kernel("batched_bf16", fmt, 4096, H200).kernel.startswith("decode")
+    forced = dispatch.Policy(wgmma_tile="tma_128x256_s4")  # bench_round --tile
+    assert kernel("batched_bf16", "bf16", 512, H200, policy=forced).tile == "tma_128x256_s4"
+    with pytest.raises(ValueError, match="wgmma_tile"):
+        dispatch.Policy(wgmma_tile="w8_128x128_k64")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        kernel("decode", "bf16", 1, H200)
+
+
+class Part(FakeArray):
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+
+def test_ingest_plan():
+    rt = types.SimpleNamespace(caps=H200)
+    part = Part((8, 256, 2048))
+    xb = Part((8 * 256 * 4096,), dtype=np.uint16)
+    many = 4096
+    for caps, fmt, rows, expect in [
+        (H200, "bf16", many, ("bf16act_split", 1024, 2, 1024 * 2048)),
+        (H200, "bf16", 1500, ("bf16act_split", 750, 2, 750 * 2048)),  # balanced chunks
+        (H200, "bf16", G, ("bf16act_split", G, 2, G * 2048)),
+        (H200, "q8_0", many, ("quant_split", 1024, 2, 1024 * 2048)),
+        (NO_TMA, "q8_0", many, ("gemm", 2048, 1, 2048 * 2048)),
+        (OTHERS[1], "bf16", many, ("gemm", 2048, 1, 2048 * 2048)),
+        (H200, "bf16", G - 1, ("decode_v3", 256, 8, 256 * 2048)),  # the decode linear's chunks
+    ]:
+        rt.caps = caps
+        plan = linear.ingest_plan(rt, [fake_w(fmt, n=2048, k=4096)] * 3, rows, part, 8, xb)
+        got = (plan.choice.kernel, plan.chunk, plan.ks, plan.stride)
+        assert got == expect, (caps.arch, fmt, rows)
+        assert (plan.xb is xb) == (expect[2] == 2)
+    rt.caps = H200  # a drafter without the scratch (a batched pool's buffers): gemm.cu
+    plan = linear.ingest_plan(rt, [fake_w(n=2048, k=4096)], many, part, 8, None)
+    assert plan.choice.kernel == "gemm" and plan.ks == 1
+    assert linear.holds_hilo_scratch(rt, fake_w("q4_0"))
+    assert not linear.holds_hilo_scratch(rt, fake_w("q4_0"), dispatch.Policy(quant_ingest=False))
+    rt.caps = OTHERS[0]
+    assert not linear.holds_hilo_scratch(rt, fake_w("bf16"))
+
+
+def test_round_splits_fill_one_wave_on_the_tma_tiles():
+    """A bf16 batched round's K splits on sm_90's TMA tile: the most whose blocks fit one wave
+    (one block an SM), whole 64-wide K tiles a split, never above the buffers' count; the
+    buffers' count on every other tile (qwen3-8b's linears on an H200's 132 SMs)."""
+    caps = dataclasses.replace(H200, smem_per_sm=233472, smem_per_block=232448)
+    rt = types.SimpleNamespace(caps=caps)
+    qkv, o, down = ((6144, 4096), (4096, 4096), (4096, 12288))
+
+    def splits(shape, m, cap=4, on=rt):
+        w = types.SimpleNamespace(fmt="bf16", out_features=shape[0], in_features=shape[1])
+        return linear.round_splits(on, w, m, cap)
+
+    # M = 256: 96 / 64 / 64 blocks a split
+    assert (splits(qkv, 256), splits(o, 256), splits(down, 256)) == (1, 2, 2)
+    assert (splits(qkv, 512), splits(o, 512), splits(down, 512)) == (1, 1, 1)
+    # M = 128: 48 blocks (3 splits would cut 43 chunks: odd), 32 blocks: the cap
+    assert (splits(qkv, 128), splits(o, 128), splits(o, 128, cap=2)) == (2, 4, 2)
+    assert splits(qkv, 64) == 4  # the small mma.sync tile: the buffers' splits
+    assert splits(qkv, 256, on=types.SimpleNamespace(caps=OTHERS[1])) == 4
+    assert splits(qkv, 256, on=types.SimpleNamespace(caps=NO_TMA)) == 4  # no tensor maps: wgmma
+
+
+def test_every_chosen_kernel_is_one_the_launchers_have():
+    """Every (mode, format, rows, caps) the table answers names a launcher of the package and,
+    for the tiled GEMMs, a tile gemm_bf16act instantiates."""
+    kernels = {"decode_v3", "decode_f32", "sample", "sample_f32", "gemm", "bf16act_split"}
+    kernels |= {"quant_split", "bf16act"}
+    for caps in [H200, NO_TMA, *OTHERS, NEW]:
+        for mode in dispatch.MODES:
+            for fmt in (*FORMATS, "f32"):
+                for rows in (1, 16, 63, 64, 65, 128, 129, G - 1, G, 4096):
+                    c = kernel(mode, fmt, rows, caps)
+                    assert c.kernel in kernels
+                    if c.kernel.startswith("bf16act"):
+                        assert c.tile in gemm_bf16act.ALL_TILES
