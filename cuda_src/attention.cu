@@ -36,6 +36,12 @@ PYDFLASH_REQUIRE(ATT_THREADS);
 PYDFLASH_REQUIRE(ATT_TC_T);
 PYDFLASH_REQUIRE(ATT_TC_STAGES);
 PYDFLASH_REQUIRE(ATT_CW);
+// Which partials this compilation holds (one family each, so a drafter compiles only what
+// its head dim and precision run): 0 the FFMA partials; 16 / 32 / 64 / 128 that head dim's
+// tensor-core partials. Every one holds attn_combine.
+static_assert(ATT_TC_HD == 0 || ATT_TC_HD == 16 || ATT_TC_HD == 32 || ATT_TC_HD == 64 ||
+                  ATT_TC_HD == 128,
+              "ATT_TC_HD must come from pydflash (-DATT_TC_HD: 0, 16, 32, 64 or 128)");
 // Resident warps an SM the tensor-core partials ask the compiler for (0: no ask, the launch
 // bounds' block size alone; e.g. 12: three 4-warp blocks, at most 168 registers a thread):
 // tools/bench_attention.py --tc-min-warps measures it with more splits.
@@ -363,6 +369,7 @@ __device__ __forceinline__ void attn_partial_impl(
                                         n_splits, n_head, n_kv, hd, window, causal_rows, q_row0,  \
                                         scale, stages, ring, key_window, o_part, ml_part);        \
     }
+#if ATT_TC_HD == 0
 // f32 K/V: ORPT = max(1, 16*RPT*hd/1024) for hd in 16..256
 ATT_ENTRY(attn_partial, float, 1, 1)
 ATT_ENTRY(attn_partial, float, 1, 2)
@@ -387,6 +394,7 @@ ATT_ENTRY(attn_partial_bf16, bf16_bits, 1, 4)
 ATT_ENTRY(attn_partial_bf16, bf16_bits, 2, 8)
 ATT_ENTRY(attn_partial_bf16, bf16_bits, 4, 16)
 ATT_ENTRY(attn_partial_bf16, bf16_bits, 8, 32)
+#endif
 
 // e^x (accurate expf), or 2^x by ex2.approx (EXP2: the rounded kernels' log2-unit scores;
 // ex2.approx(-inf) = +0 as masked keys need)
@@ -870,10 +878,9 @@ __device__ __forceinline__ void attn_partial_tcr_impl(ATT_TC_IMPL_PARAMS) {
     ATT_TC_ENTRY(attn_partial_tcr, attn_partial_tcr_impl, bf16_bits, HD, 2)  \
     ATT_TC_ENTRY(attn_partial_tcr, attn_partial_tcr_impl, bf16_bits, HD, 4)  \
     ATT_TC_ENTRY(attn_partial_tcr, attn_partial_tcr_impl, bf16_bits, HD, 8)
-ATT_TC_ENTRIES(16)
-ATT_TC_ENTRIES(32)
-ATT_TC_ENTRIES(64)
-ATT_TC_ENTRIES(128)
+#if ATT_TC_HD > 0
+ATT_TC_ENTRIES(ATT_TC_HD)
+#endif
 
 // One block of ATT_CW warps per (head, query) row (grid x: h * n_q + i; grid y: sequences).
 // Warp w sums the splits w, w + ATT_CW, ... (their partial O rows loaded all at once: the

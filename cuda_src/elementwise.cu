@@ -72,11 +72,6 @@ extern "C" __global__ void gather_rows_f32(const float* table, long long ld, lon
     }
 }
 
-// Gemma-style logit soft-cap in place: x = tanh(x / cap) * cap.
-extern "C" __global__ void softcap_inplace(float* x, long long n, float cap) {
-    for (long long i = gtid(); i < n; i += gstride()) x[i] = tanhf(x[i] / cap) * cap;
-}
-
 // The round's block positions into the KV position table: pos[*len + i] = block_pos[i].
 // *len is read on the device (see qkv_post), so a captured round stays valid as len grows.
 extern "C" __global__ void scatter_block_pos(int* pos, const int* len, const int* block_pos,

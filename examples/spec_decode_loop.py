@@ -55,8 +55,10 @@ class StandInTarget:
         return int(self.rng.integers(0, len(drafts) + 1)), int(self.rng.integers(0, self.vocab))
 
 
-def generate(ckpt: Path, n_tokens: int, precision: str = "bf16", seed: int = 0) -> dict:
-    e = Engine(0)
+def generate(
+    ckpt: Path, n_tokens: int, precision: str = "bf16", seed: int = 0, engine: Engine | None = None
+) -> dict:
+    e = engine if engine is not None else Engine(0)
     draft = DflashDraft.load(e, ckpt, precision)
     cfg, b = draft.cfg, draft.cfg.block_size
     target = StandInTarget(cfg, cfg.vocab_size or 1000, seed)

@@ -23,6 +23,11 @@ class ShapeError(PydflashError, ValueError):
     """An argument has the wrong shape, length, dtype or device."""
 
 
+class ArgumentError(PydflashError, ValueError):
+    """An argument's value is out of its domain: an option not among those accepted, a number
+    out of range or not finite, a flag that is not a bool, an object of the wrong kind."""
+
+
 class GeometryError(ShapeError):
     """The drafter's geometry lies outside what the GPU kernels support (README "Supported
     envelope"); the message names every dimension at fault and the kernel that needs it."""
@@ -37,7 +42,21 @@ class KernelCompileError(PydflashError, RuntimeError):
 
 
 class DeviceError(PydflashError, RuntimeError):
-    """No usable CUDA device, or CuPy is not installed."""
+    """The CUDA device cannot do what was asked (the subclasses say why)."""
+
+
+class NoDeviceError(DeviceError):
+    """No usable CUDA device: CuPy is not installed, no device is visible, or the ordinal is
+    out of range."""
+
+
+class DeviceMemoryError(DeviceError):
+    """The device cannot hold the allocation asked for (the message gives need and free)."""
+
+
+class UnsupportedDeviceError(DeviceError):
+    """The device lacks a capability the call needs (an architecture, a launch API, shared
+    memory for a kernel's tile)."""
 
 
 MAX_LISTED = 100  # problems a message lists in full (a hostile header can make 100k)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ShapeError
+from .errors import ArgumentError, ShapeError
 
 M0, M1 = 0xD2511F53, 0xCD9E8D57
 W0, W1 = 0x9E3779B9, 0xBB67AE85
@@ -58,9 +58,9 @@ def philox4x32(ctr: np.ndarray, key: np.ndarray, rounds: int = ROUNDS) -> np.nda
 def check_seed(value: object, name: str) -> int:
     """A seed or offset: an integer in [0, 2^64)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ShapeError(f"{name}: expected an integer in [0, 2^64), found {value!r}")
+        raise ArgumentError(f"{name}: expected an integer in [0, 2^64), found {value!r}")
     if not 0 <= int(value) <= _U64_MAX:
-        raise ShapeError(f"{name}: {value} outside [0, 2^64)")
+        raise ArgumentError(f"{name}: {value} outside [0, 2^64)")
     return int(value)
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import checks, philox
-from .errors import ShapeError
+from .errors import ArgumentError, ShapeError
 from .ops import verify as ops_verify
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -108,7 +108,9 @@ def speculative_accept(
             s = o = 0
         else:
             if seed is None:
-                raise ShapeError("seed: give a Philox seed (and offset), or u_accept and u_sample")
+                raise ArgumentError(
+                    "seed: give a Philox seed (and offset), or u_accept and u_sample"
+                )
             ua = us = None
             s, o = philox.check_seed(seed, "seed"), philox.check_seed(offset, "offset")
         out = e.empty(2, np.int32)
@@ -123,9 +125,9 @@ def _stop_rule(e: Runtime, x: Any, name: str, threshold: Any) -> Any:
     if isinstance(threshold, (bool, np.bool_)) or not isinstance(
         threshold, (int, float, np.integer, np.floating)
     ):
-        raise ShapeError(f"threshold must be a number, found {threshold!r}")
+        raise ArgumentError(f"threshold must be a number, found {threshold!r}")
     if not math.isfinite(float(threshold)):
-        raise ShapeError(f"threshold must be finite, found {threshold!r}")
+        raise ArgumentError(f"threshold must be finite, found {threshold!r}")
     with e.ordered():
         v = checks.f32_vector(e, x, name)
         out = e.empty(1, np.int32)

@@ -14,7 +14,7 @@ import pytest
 
 from pydflash import ReferenceDraft, speculative
 from pydflash.draft.weights import head_weights
-from pydflash.errors import CapacityError, ShapeError
+from pydflash.errors import ArgumentError, CapacityError, ShapeError
 from pydflash.formats import codec as quant
 from pydflash.testing import chi_square, rel
 from tools.make_checkpoint import make_checkpoint
@@ -375,7 +375,7 @@ def test_stop_rules_on_the_device(engine, ckpt_dir):
     assert e.dtoh(verify.confident_prefix_len(e, p.confidence, 0.5))[0] == (
         speculative.confident_prefix_len(c, 0.5)
     )
-    with pytest.raises(ShapeError, match="threshold"):
+    with pytest.raises(ArgumentError, match="threshold"):
         verify.confident_prefix_len(e, p.confidence, float("nan"))
 
 
@@ -384,7 +384,7 @@ def test_verify_rejects_bad_inputs(engine):
 
     e = engine
     q, p = e.zeros((2, 5)), e.zeros((3, 5))
-    with pytest.raises(ShapeError, match="seed"):
+    with pytest.raises(ArgumentError, match="seed"):
         verify.speculative_accept(e, [1, 2], q, p)
     with pytest.raises(ShapeError, match="q"):
         verify.speculative_accept(e, [1, 2], e.zeros((2, 4)), p, seed=1)

@@ -4,7 +4,7 @@ nothing; an error discovered mid-call leaves the KV and the captured graph usabl
 import numpy as np
 import pytest
 
-from pydflash.errors import DeviceError, ShapeError
+from pydflash.errors import DeviceMemoryError, ShapeError
 from pydflash.testing import random_inputs
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
@@ -31,14 +31,14 @@ def test_a_drafter_that_does_not_fit_is_refused_and_leaks_nothing(
     pool.free_all_blocks()
     before = pool.used_bytes()
     pool.set_limit(size=before + need // 2)  # refused up front
-    with pytest.raises(DeviceError, match="needs .* GiB of device memory"):
+    with pytest.raises(DeviceMemoryError, match="needs .* GiB of device memory"):
         DflashDraft.load(engine, ckpt, "f32")
     assert pool.used_bytes() == before
     pool.set_limit(size=before + need + 4096)  # the estimate fits, the buffers not
-    with pytest.raises(DeviceError, match="out of device memory"):
+    with pytest.raises(DeviceMemoryError, match="out of device memory"):
         DflashDraft.load(engine, ckpt, "f32")
     assert pool.used_bytes() == before
-    with pytest.raises(DeviceError, match="DflashKv of cap"):
+    with pytest.raises(DeviceMemoryError, match="DflashKv of cap"):
         DflashKv(engine, _cfg(ckpt), 10**7)
     pool.set_limit(size=0)
     assert DflashDraft.load(engine, ckpt, "f32").cfg.hidden == 512  # and then it loads

@@ -6,7 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from pydflash.errors import DeviceError, ShapeError
+from pydflash.errors import ShapeError, UnsupportedDeviceError
 from pydflash.linear import gemm
 
 
@@ -80,6 +80,6 @@ def test_refusals_name_the_argument(change, name):
 
 def test_no_room_is_a_device_error():
     rt, launches = fake_rt(64 * 1024)
-    with pytest.raises(DeviceError, match="shared memory"):
+    with pytest.raises(UnsupportedDeviceError, match="shared memory"):
         gemm.matmul(rt, fake_w(), FakeArray((300, 4096)), 300, FakeArray((300, 2048)))
     assert not launches

@@ -17,7 +17,7 @@ from pydflash.draft.kv import (
     ring_rows,
     round_kv_bytes,
 )
-from pydflash.errors import CapacityError, ShapeError
+from pydflash.errors import ArgumentError, CapacityError, ShapeError
 from tools import make_checkpoint as mc
 from tools.make_checkpoint import make_checkpoint
 
@@ -63,17 +63,17 @@ def test_ring_rows_layer_rows_and_bytes():
 
 
 def test_kv_dtype_and_rings_arguments_are_checked_first():
-    with pytest.raises(ShapeError, match="dtype: K/V dtype must be one of"):
+    with pytest.raises(ArgumentError, match="dtype: K/V dtype must be one of"):
         DflashKv(None, SWA, 8, "fp8")
-    with pytest.raises(ShapeError, match="dtype: K/V dtype must be one of"):
+    with pytest.raises(ArgumentError, match="dtype: K/V dtype must be one of"):
         DflashKv(None, SWA, 8, np.float32)
     with pytest.raises(ShapeError, match="e: expected an Engine"):
         DflashKv(None, SWA, 8, "f32")
-    with pytest.raises(ShapeError, match="kv_dtype: K/V dtype must be one of"):
+    with pytest.raises(ArgumentError, match="kv_dtype: K/V dtype must be one of"):
         ReferenceKv(SWA, 8, kv_dtype="float16")
-    with pytest.raises(ShapeError, match="kv_dtype"):
+    with pytest.raises(ArgumentError, match="kv_dtype"):
         ReferenceDraft(SWA, {}, kv_dtype="int8")
-    with pytest.raises(ShapeError, match="rings: expected True or False"):
+    with pytest.raises(ArgumentError, match="rings: expected True or False"):
         ReferenceKv(SWA, 8, rings="yes")
 
 

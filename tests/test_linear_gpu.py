@@ -1,8 +1,9 @@
-"""The decode linears (linear.cu, kernel "v2", and linear_v3.cu, kernel "v3") against NumPy:
-integer-exact quant decoding, K edges and split plans, ragged rows, unaligned scale views,
-results independent of the batch and of programmatic dependent launch; v3 also against v2 bit
-for bit under v2's plan, independent of its block shape and compile-time configuration, and its
-sampling partials (skipped without CUDA)."""
+"""The decode linears (linear_v3.cu for the tensor-core formats, linear.cu's FFMA for f32)
+against NumPy: integer-exact quant decoding, K edges and split plans, ragged rows, unaligned
+scale views, results independent of the batch and of programmatic dependent launch; v3
+independent of its block shape and compile-time configuration, and its sampling partials
+against linear.cu's sampling epilogue (skipped without CUDA). v3 against the retired v2 kernel
+bit for bit: dev/tests/test_linear_v2_gpu.py."""
 
 import numpy as np
 import pytest
@@ -12,7 +13,6 @@ from pydflash.testing import poisoned, rel
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
 FORMATS = ["bf16", "q8_0", "q4_0"]
-KERNELS = ["v2", "v3"]
 
 
 def _integer_weights(rng, fmt, n, k):
@@ -27,9 +27,8 @@ def _integer_weights(rng, fmt, n, k):
     return w
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16"])
-def test_integer_weights_and_activations_are_exact(engine, rng, fmt, kernel):
+def test_integer_weights_and_activations_are_exact(engine, rng, fmt):
     from pydflash import GpuTensor
     from pydflash.linear import decode as linear
 
@@ -42,15 +41,14 @@ def test_integer_weights_and_activations_are_exact(engine, rng, fmt, kernel):
     x = rng.integers(-3, 4, (m, k)).astype(np.float32)
     out = poisoned(e, (m, n))
     with e.ordered():
-        linear.project(e, w, e.htod(x), m, out, kernel=kernel)
+        linear.project(e, w, e.htod(x), m, out)
     np.testing.assert_array_equal(e.dtoh(out), x.astype(np.float64) @ w_h.T.astype(np.float64))
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [40, 1000, 9000])  # ragged last row blocks, many split plans
 @pytest.mark.parametrize("k", [32, 544, 1120, 2880])
-def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k, kernel):
+def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k):
     from pydflash import GpuTensor
     from pydflash.linear import decode as linear
 
@@ -59,19 +57,18 @@ def test_k_edges_splits_and_ragged_rows(engine, rng, fmt, n, k, kernel):
     wd = w.dequantize().astype(np.float64)
     for m in (1, 7, 16):
         x = rng.standard_normal((m, k)).astype(np.float32)
-        ks = linear.k_splits(e, w, kernel)
+        ks = linear.k_splits(e, w)
         part = poisoned(e, (ks, m, n))
         with e.ordered():
-            linear.project(e, w, e.htod(x), m, part, ksplit=ks, split_stride=m * n, kernel=kernel)
+            linear.project(e, w, e.htod(x), m, part, ksplit=ks, split_stride=m * n)
         got = e.dtoh(part)
         assert not np.isnan(got).any()
         assert rel(got.sum(0), x @ wd.T) < 2e-5, (m, ks)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("epi", ["store", "add", "silu_mul"])
-def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, fmt, epi, kernel):
+def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, fmt, epi):
     from pydflash import GpuTensor
     from pydflash.linear import decode as linear
 
@@ -87,7 +84,7 @@ def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, f
         try:
             with e.ordered():
                 r = res[rows] if epi == "add" else None
-                linear.project(e, w, x[rows], m, out, epi, r, kernel=kernel)
+                linear.project(e, w, x[rows], m, out, epi, r)
         finally:
             e.use_pdl = True
         return e.dtoh(out)
@@ -100,9 +97,8 @@ def test_a_row_is_the_same_in_every_batch_and_with_or_without_pdl(engine, rng, f
     np.testing.assert_array_equal(run(9, slice(3, 12), True), full[3:12])
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_row_view_with_unaligned_scales_equals_the_full_product(engine, rng, fmt, kernel):
+def test_a_row_view_with_unaligned_scales_equals_the_full_product(engine, rng, fmt):
     """rows(3, n) of a K = 1120 (35 chunks) quant starts its scales 2 bytes into a word."""
     from pydflash import GpuTensor
     from pydflash.linear import decode as linear
@@ -113,8 +109,8 @@ def test_a_row_view_with_unaligned_scales_equals_the_full_product(engine, rng, f
     x = e.htod(rng.standard_normal((m, k)).astype(np.float32))
     full, part = poisoned(e, (m, n)), poisoned(e, (m, n - 3))
     with e.ordered():
-        linear.project(e, w, x, m, full, kernel=kernel)
-        linear.project(e, view, x, m, part, kernel=kernel)
+        linear.project(e, w, x, m, full)
+        linear.project(e, view, x, m, part)
     np.testing.assert_array_equal(e.dtoh(part), e.dtoh(full)[:, 3:])
 
 
@@ -127,10 +123,9 @@ def test_wrap_refuses_a_misaligned_pointer(engine):
         GpuTensor.wrap(engine, buf[1 : 1 + 64 * 32].reshape(32, 64))
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("capture", [False, True])
-def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture, kernel):
+def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture):
     """A norm kernel (which lets its dependents start at once) writes the activations a PDL
     linear reads right after, on the same stream, eagerly and in a captured graph: the linear
     must see every value (the buffer is NaN-poisoned just before the norm), and equal a plain
@@ -150,7 +145,7 @@ def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture, 
         xn.fill(np.nan)
         out.fill(np.nan)
         norm.residual_rms_norm(e, xn, gamma, m, k, 1e-6, resid_in=resid, resid_out=scratch)
-        linear.project(e, w, xn, m, out, kernel=kernel)
+        linear.project(e, w, xn, m, out)
 
     def run(pdl):
         e.use_pdl = pdl
@@ -179,45 +174,7 @@ def test_a_pdl_linear_waits_for_the_kernel_before_it(engine, rng, fmt, capture, 
     assert rel(got, xn_ref @ w.dequantize().astype(np.float64).T) < 2e-5
 
 
-# -- v3 against v2, and v3's plan independence --------------------------------------------------
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("epi", ["store", "add", "silu_mul"])
-@pytest.mark.parametrize("m", [5, 16, 23])
-def test_v3_under_v2s_plan_is_v2_bit_for_bit(engine, rng, fmt, epi, m):
-    """With linear.cu's plan (its K splits; inner = its 4 warps a block) every warp of v3 takes
-    linear.cu's chunks in its order, decodes the same values and runs the same MMAs and sums:
-    the results are linear.cu's bit for bit, the epilogue applied directly (ksplit 1) or as
-    split partials."""
-    from pydflash import GpuTensor
-    from pydflash.linear import decode as linear
-    from pydflash.linear import decode_v3 as linear_v3
-
-    # 1000 rows: a partial row group; silu_mul needs whole 16-row gate/up tiles (992)
-    e, n, k = engine, 992 if epi == "silu_mul" else 1000, 2880
-    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
-    x = e.htod(rng.standard_normal((m, k)).astype(np.float32))
-    cols = n // 2 if epi == "silu_mul" else n
-    res_h = rng.standard_normal((m, cols)).astype(np.float32)
-    for ks in [1] if epi == "silu_mul" else [1, linear.k_splits(e, w, "v2")]:
-        outs = []
-        for kernel in KERNELS:
-            out = poisoned(e, (ks, m, cols))
-            if epi == "add":
-                out[0] = e.htod(res_h)  # the residual, updated in place
-            direct = epi if ks == 1 else "store"
-            resid = out[0] if ks == 1 and epi == "add" else None
-            with e.ordered():
-                if kernel == "v2":
-                    linear.project(e, w, x, m, out, direct, resid, ks, m * cols, kernel="v2")
-                else:
-                    linear_v3.project(
-                        e, w, x, m, out, direct, resid, ks, m * cols, inner=linear.WARPS
-                    )
-            outs.append(e.dtoh(out))
-        assert not np.isnan(outs[0]).any()
-        np.testing.assert_array_equal(outs[1], outs[0])
+# -- v3's plan independence, its sampling partials ----------------------------------------
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -260,9 +217,10 @@ def test_v3_results_do_not_depend_on_block_shape_or_configuration(engine, rng, f
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("temp", [0.0, 0.8])
-def test_v3_sampling_partials_equal_v2s(engine, rng, fmt, temp):
-    """project_sample: with v2's 4 slices the partials and the stored logits are v2's bit for
-    bit (capped, plus a residual row); with v3's own plan the logits agree to the rounding."""
+def test_v3_sampling_partials_equal_linear_cus(engine, rng, fmt, temp):
+    """project_sample: with linear.cu's 4 slices the partials and the stored logits are
+    linear.cu's sampling epilogue's bit for bit (capped, plus a residual row); with v3's own
+    plan the logits agree to the rounding."""
     from pydflash import GpuTensor
     from pydflash.linear import decode as linear
     from pydflash.linear import decode_v3 as linear_v3
@@ -281,7 +239,7 @@ def test_v3_sampling_partials_equal_v2s(engine, rng, fmt, temp):
         kw = dict(params=params, rng=rng_state, apply_cap=True, y=y, residual=resid, part=part)
         with e.ordered():
             if kernel == "v2":
-                linear.project_sample(e, w, x, m, part_idx=part_idx, slot_base=3, kernel="v2", **kw)
+                linear.project_sample(e, w, x, m, part_idx=part_idx, slot_base=3, **kw)
             else:
                 linear_v3.project_sample(
                     e, w, x, m, part_idx=part_idx, slot_base=3, inner=inner, **kw
@@ -299,7 +257,7 @@ def test_v3_sampling_partials_equal_v2s(engine, rng, fmt, temp):
     assert (i3 >= 0).all() and (i3 // 32 == np.arange(blocks)[:, None]).all()
 
 
-def test_v3_refuses_misaligned_activations_and_f32_goes_to_v2(engine, rng):
+def test_v3_refuses_misaligned_activations_and_f32_takes_the_ffma_kernel(engine, rng):
     from pydflash import GpuTensor
     from pydflash.errors import ShapeError
     from pydflash.linear import decode as linear
@@ -314,7 +272,6 @@ def test_v3_refuses_misaligned_activations_and_f32_goes_to_v2(engine, rng):
     x = rng.standard_normal((m, k)).astype(np.float32)
     out = poisoned(e, (m, n))
     with e.ordered():
-        linear.project(e, w32, e.htod(x), m, out, kernel="v3")
+        linear.project(e, w32, e.htod(x), m, out)
     assert rel(e.dtoh(out), x.astype(np.float64) @ w32.dequantize().T) < 1e-6
-    with pytest.raises(ShapeError, match="kernel must be one of"):
-        linear.k_splits(e, w, "v4")
+    assert linear.k_splits(e, w32) == 1

@@ -91,10 +91,8 @@ def test_plans_fill_the_device_within_its_limits(dev, fmt):
 def test_k_splits_depend_on_the_weight_and_device_only():
     rt = Recorder(**H200)
     w = weight("q4_0", 6144, 4096)
-    assert linear.k_splits(rt, w, "v3") == linear_v3.k_splits(rt, w)
-    assert linear.k_splits(rt, weight("f32", 64, 64), "v3") == 1
-    with pytest.raises(ShapeError, match="kernel must be one of"):
-        linear.k_splits(rt, w, "v1")
+    assert linear.k_splits(rt, w) == linear_v3.k_splits(rt, w)
+    assert linear.k_splits(rt, weight("f32", 64, 64)) == 1
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_0"])
@@ -104,29 +102,26 @@ def test_project_launches_cast_through_the_spec(fmt, m, epi):
     rt = Recorder(**H200)
     n, k = 4096, 4096
     w = weight(fmt, n, k)
-    ks = 1 if epi == "silu_mul" else linear.k_splits(rt, w, "v3")
+    ks = 1 if epi == "silu_mul" else linear.k_splits(rt, w)
     x = FakeArray((m, k))
     cols = n // 2 if epi == "silu_mul" else n
     out = FakeArray((ks, m, cols))
     res = FakeArray((m, cols)) if epi == "add" else None
     direct = epi if ks == 1 else "store"
-    linear.project(rt, w, x, m, out, direct, res if ks == 1 else None, ks, m * cols, kernel="v3")
+    linear.project(rt, w, x, m, out, direct, res if ks == 1 else None, ks, m * cols)
     check_launch(rt, fmt, n, m, ks)
     _, _, _, _, _, args = rt.launches[-1]
     assert args["ldx"] == k and args["ldy"] == cols and args["split_stride"] == m * cols
 
 
-@pytest.mark.parametrize("kernel", ["v2", "v3"])
 @pytest.mark.parametrize("n", [1000, 1016, 8])
-def test_silu_mul_needs_whole_gate_up_tiles(kernel, n):
+def test_silu_mul_needs_whole_gate_up_tiles(n):
     """A gate/up weight of N % 16 rows would pair its last gate rows with up rows past the
     weight and store past a row's N/2 columns: refused before any launch."""
     rt = Recorder(**H200)
     w = weight("bf16", n, 256)
     with pytest.raises(ShapeError, match="multiple of 16"):
-        linear.project(
-            rt, w, FakeArray((4, 256)), 4, FakeArray((4, n // 2)), "silu_mul", kernel=kernel
-        )
+        linear.project(rt, w, FakeArray((4, 256)), 4, FakeArray((4, n // 2)), "silu_mul")
     assert not rt.launches
     linear.project(
         rt,
@@ -135,7 +130,6 @@ def test_silu_mul_needs_whole_gate_up_tiles(kernel, n):
         4,
         FakeArray((4, 504)),
         "silu_mul",
-        kernel=kernel,
     )
     assert len(rt.launches) == 1
 
@@ -147,9 +141,9 @@ def test_project_sample_and_f32_dispatch():
     blocks = linear.sample_blocks(w)
     part, idx = FakeArray((blocks, m, 4)), FakeArray((blocks, m))
     prm, rs = FakeArray((4,)), FakeArray((4,))
-    linear.project_sample(
+    linear_v3.project_sample(
         rt, w, FakeArray((m, k)), m, params=prm, rng=rs, apply_cap=True, part=part,
-        part_idx=idx, kernel="v3",
+        part_idx=idx,
     )  # fmt: skip
     p = check_launch(rt, "bf16", n, m, 1)
     assert rt.launches[-1][0].name == "linear3_bf16_sample"
@@ -158,7 +152,7 @@ def test_project_sample_and_f32_dispatch():
     w32 = types.SimpleNamespace(
         fmt="f32", out_features=64, in_features=64, data=FakeArray((64, 64)), scales=None
     )
-    linear.project(rt, w32, FakeArray((4, 64)), 4, FakeArray((4, 64)), kernel="v3")
+    linear.project(rt, w32, FakeArray((4, 64)), 4, FakeArray((4, 64)))
     assert rt.launches[-1][0].name == "linear_f32_store"
 
 
@@ -200,6 +194,7 @@ def test_alignment_and_plan_errors():
 def test_every_bench_variant_launches():
     """tools/bench_linear.py's variants, planned and launched on the recorder (the device run
     gets one call: a Python error there would waste it)."""
+    from dev import linear_v2
     from tools import bench_linear
 
     rt = Recorder(**H200)
@@ -227,8 +222,8 @@ def test_every_bench_variant_launches():
                     if v.plan == "g2":
                         assert block == 32 * 2 * args["inner"]
                     if v.plan == "v2":
-                        assert args["inner"] == linear.WARPS
-                        assert ks == (1 if epi == "silu_mul" else linear.k_splits(rt, w, "v2"))
+                        assert args["inner"] == linear_v2.WARPS
+                        assert ks == (1 if epi == "silu_mul" else linear_v2.k_splits(rt, w))
     assert np.unique([len(x) for x in rt.launches]).size == 1
 
 

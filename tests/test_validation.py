@@ -12,9 +12,10 @@ from pydflash.draft.drafter import DflashDraft
 from pydflash.draft.kv import DflashKv
 from pydflash.draft.weights import PRECISIONS, precision_bytes
 from pydflash.errors import (
+    ArgumentError,
     CapacityError,
     CheckpointError,
-    DeviceError,
+    NoDeviceError,
     QuantizationError,
     ShapeError,
 )
@@ -38,12 +39,12 @@ QWEN8B = DflashCfg(
 
 @pytest.mark.skipif(cuda_available(), reason="this machine has a CUDA device")
 def test_engine_without_a_device_says_so():
-    with pytest.raises(DeviceError, match="CUDA device|CuPy"):
+    with pytest.raises(NoDeviceError, match="CUDA device|CuPy"):
         Engine(0)
 
 
 def test_load_checks_precision_and_checkpoint_before_the_engine(tmp_path):
-    with pytest.raises(ShapeError, match="precision must be one of"):
+    with pytest.raises(ArgumentError, match="precision must be one of"):
         DflashDraft.load(None, tmp_path, "fp8")
     with pytest.raises(CheckpointError, match="no config.json"):
         DflashDraft.load(None, tmp_path, "bf16")

@@ -50,14 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     from pydflash.ops import attention
     from tools.bench_round import copy_bandwidth, timed
 
-    if args.tc_min_warps is not None:  # before anything of the family is compiled
-        attention.FAMILY.defines["ATT_TC_MIN_WARPS"] = args.tc_min_warps
+    if args.tc_min_warps is not None:  # before anything of the families is compiled
+        for fam in attention.TC_FAMILIES.values():
+            fam.defines["ATT_TC_MIN_WARPS"] = args.tc_min_warps
     e = Engine(0)
     bw = copy_bandwidth(cp, e.stream)
-    regs = e.function(attention.FAMILY.specs["attn_partial_tcb_h128_w4"]).num_regs
+    tc128 = attention.TC_FAMILIES[128]
+    regs = e.function(tc128.specs["attn_partial_tcb_h128_w4"]).num_regs
     print(
         f"device {e.name} ({e.sm_count} SMs); copy bandwidth {bw / 1e12:.3f} TB/s; "
-        f"ATT_TC_MIN_WARPS {attention.FAMILY.defines['ATT_TC_MIN_WARPS']}: "
+        f"ATT_TC_MIN_WARPS {tc128.defines['ATT_TC_MIN_WARPS']}: "
         f"attn_partial_tcb_h128_w4 at {regs} registers"
     )
     rng = np.random.default_rng(0)
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             for splits in (16, 32):
                 ms = graph_ms(
                     lambda splits=splits: e.launch(
-                        attention.COMBINE,
+                        attention.COMBINE["ffma"],
                         (nh * b,),
                         32 * attention.COMBINE_WARPS,
                         o_part=scratch.o_part,

@@ -1,6 +1,6 @@
-"""The decode linears (linear.cu "v2", linear_v3.cu "v3") alone, beside their memory floor, with
-tuning variants and a correctness check of every variant (llm.c style: kernel, reference,
-benchmark).
+"""The decode linears (linear_v3.cu "v3", shipped; dev/linear_v2.py "v2", retired) alone,
+beside their memory floor, with tuning variants and a correctness check of every variant
+(llm.c style: kernel, reference, benchmark).
 
     python tools/bench_linear.py [--preset qwen3-8b-b16] [--precision bf16 q8_0 q4_0]
                                  [--variants] [--kernel v2 v3] [--m 16]
@@ -13,7 +13,7 @@ printed; over CHECK_TOL or not finite: FAIL, and the exit status is 1). `plan` i
 plan: ks = K splits the consumer adds, in = slices a block adds, w = warps in the grid.
 
 Variants (--variants adds all but the first of each kernel):
-  v2                the shipped kernel; "v2 no PDL" without programmatic dependent launch
+  v2                the retired kernel (dev/); "v2 no PDL" without programmatic dependent launch
   v3                linear_v3 with its default Config and plan; "v3 no PDL"
   v3 v2-plan        v3 under v2's plan (its K splits, 4 slices): v2's results bit for bit
   v3 in1            every warp alone (inner 1, 4 row groups a block), the K splits multiplied
@@ -88,25 +88,24 @@ def variants(kernels: list[str], extra: bool) -> list[Variant]:
 
 def launcher(e: Any, v: Variant, w: Any, epi: str, m: int) -> tuple[Any, int, str]:
     """(call(w, x, out, resid, split_stride), K splits, plan text) of one variant and weight."""
+    from dev import linear_v2
     from pydflash.linear import decode as linear
     from pydflash.linear import decode_v3 as linear_v3
 
     direct = epi in ("silu_mul", "sample")
     if v.kernel == "v2":
-        ks = 1 if direct else linear.k_splits(e, w, "v2")
-        blocks = -(-w.out_features // linear.ROWS_PER_BLOCK) * ks * -(-m // 16)
-        text = f"ks{ks} in{linear.WARPS} w{blocks * linear.WARPS}"
+        ks = 1 if direct else linear_v2.k_splits(e, w)
+        blocks = -(-w.out_features // linear_v2.ROWS_PER_BLOCK) * ks * -(-m // 16)
+        text = f"ks{ks} in{linear_v2.WARPS} w{blocks * linear_v2.WARPS}"
 
         def call(w, x, out, resid, stride):
-            linear.project(
-                e, w, x, m, out, "store" if ks > 1 else epi, resid, ks, stride, kernel="v2"
-            )
+            linear_v2.project(e, w, x, m, out, "store" if ks > 1 else epi, resid, ks, stride)
 
         return call, ks, text
     cfg = v.cfg or linear_v3.DEFAULT
     inner = groups = None
     if v.plan == "v2":
-        ks, inner = (1 if direct else linear.k_splits(e, w, "v2")), linear.WARPS
+        ks, inner = (1 if direct else linear_v2.k_splits(e, w)), linear_v2.WARPS
     elif v.plan == "in1":
         p0 = linear_v3.plan(e, w, 1 if direct else linear_v3.k_splits(e, w, cfg), cfg)
         want = 1 if direct else min(linear.MAX_K_SPLITS, p0.n_splits * p0.inner)

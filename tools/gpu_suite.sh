@@ -82,7 +82,7 @@ if [ "$PART" = kernels ]; then
   run bench_linear python3 tools/bench_linear.py --variants
   run bench_attention python3 tools/bench_attention.py
   run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
-  run bench_stream python3 tools/bench_stream.py
+  run bench_stream python3 dev/bench_stream.py
 fi
 if [ "$PART" = bench ]; then   # issue 10's tables at ctx 4096 and the per-kernel profile
   run bench_qwen python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --propose --host-profile

@@ -164,6 +164,18 @@ class Family:
     # compiled for the device's arch-specific target ("sm_90a": wgmma) rather than CuPy's
     # portable one; its kernels run on that architecture only (their launchers check)
     arch_specific: bool = False
+    # where <module>.cu lies: None = the package's cuda_src/; a variant kept outside the
+    # package (dev/cuda) gives its folder, and its #includes are looked up there, then in
+    # cuda_src/
+    directory: Path | None = None
+    # several families of one .cu file (different defines selecting different entries) are
+    # told apart by their variant: "tc128" for attention.cu's head-dim-128 partials
+    variant: str = ""
+
+    @property
+    def label(self) -> str:
+        """The family's name in messages, cache files and tests: module[_variant]."""
+        return f"{self.module}_{self.variant}" if self.variant else self.module
 
     def kernel(self, name: str, signature: str) -> KernelSpec:
         spec = KernelSpec(self, name, parse_signature(signature))
@@ -193,9 +205,12 @@ def source_dir() -> Path:
     raise KernelCompileError(f"cuda_src not found (looked in {installed} and {checkout})")
 
 
-def source(module: str) -> str:
-    """The module's source with its local #include "x.cuh" lines inlined (once each)."""
-    path = source_dir() / f"{module}.cu"
+def source(module: str, directory: Path | None = None) -> str:
+    """The module's source with its local #include "x.cuh" lines inlined (once each); the
+    module and its headers are read from `directory` (default cuda_src/), headers falling back
+    to cuda_src/."""
+    dirs = [d for d in (directory, source_dir()) if d is not None]
+    path = dirs[0] / f"{module}.cu"
     try:
         text = path.read_text()
     except OSError as exc:
@@ -207,20 +222,25 @@ def source(module: str) -> str:
         if name in seen:
             return ""
         seen.add(name)
-        header = (source_dir() / name).read_text()
+        found = next((d / name for d in dirs if (d / name).is_file()), dirs[-1] / name)
+        header = found.read_text()
         return _INCLUDE.sub(inline, header.replace("#pragma once", ""))
 
     return _INCLUDE.sub(inline, text)
 
 
 def compile_for_arch(
-    module: str, arch: str, options: tuple[str, ...] = NVRTC_BASE_OPTIONS, ptx: bool = False
+    module: str,
+    arch: str,
+    options: tuple[str, ...] = NVRTC_BASE_OPTIONS,
+    ptx: bool = False,
+    directory: Path | None = None,
 ) -> bytes:
     """Compile one module with NVRTC for `arch` ("sm_90": a cubin; with ptx=True the PTX of
-    compute_90); no GPU needed."""
+    compute_90); no GPU needed. directory: where the module lies (Family.directory)."""
     from cupy_backends.cuda.libs import nvrtc  # imported late: CuPy is an optional extra
 
-    prog = nvrtc.createProgram(source(module), f"{module}.cu", [], [])
+    prog = nvrtc.createProgram(source(module, directory), f"{module}.cu", [], [])
     target = arch.replace("sm_", "compute_") if ptx else arch
     try:
         try:
@@ -231,6 +251,27 @@ def compile_for_arch(
         return nvrtc.getPTX(prog) if ptx else nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
+
+
+def supported_archs() -> tuple[int, ...]:
+    """The SASS targets this NVRTC compiles for (90 for sm_90, ...)."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    return tuple(int(a) for a in nvrtc.getSupportedArchs())
+
+
+def portable_target(arch: str) -> str:
+    """The target for a family on device `arch` ("sm_90"): the arch itself where this NVRTC
+    compiles for it, else PTX ("compute_XX") of the newest arch it knows below, for the
+    driver to compile."""
+    n = int(arch.removeprefix("sm_").rstrip("af"))
+    known = supported_archs()
+    if n in known:
+        return arch
+    below = [a for a in known if a <= n]
+    if not below:
+        raise KernelCompileError(f"NVRTC {known} cannot compile for {arch} or any arch below it")
+    return f"compute_{max(below)}"
 
 
 def ptx_entries(ptx: bytes | str) -> dict[str, list[str]]:

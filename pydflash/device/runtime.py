@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import os
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +31,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import DeviceError, KernelCompileError, ShapeError
+from ..errors import (
+    ArgumentError,
+    DeviceMemoryError,
+    KernelCompileError,
+    NoDeviceError,
+    ShapeError,
+    UnsupportedDeviceError,
+)
+from . import kernel_cache as _kernel_cache
 from . import kernels, tensormap
 from .caps import ARCHS, GENERIC, Caps
 from .pdl import PdlLauncher, PdlUnsupported
@@ -71,25 +80,33 @@ def ordered(method: F) -> F:
 
 
 class Runtime:
-    _modules: dict[tuple[int, str, tuple[str, ...]], Any] = {}  # compiled once per process
+    _modules: dict[tuple, Any] = {}  # (ordinal, module, options, folder): loaded once a process
     _smem_set: dict[int, int] = {}  # CUfunction handle -> dynamic shared memory opted in
 
-    def __init__(self, ordinal: int = 0, stream: Any = None) -> None:
+    def __init__(
+        self,
+        ordinal: int = 0,
+        stream: Any = None,
+        *,
+        kernel_cache: str | os.PathLike[str] | None = _kernel_cache.DEFAULT_FOLDER,
+    ) -> None:
         if cp is None:
-            raise DeviceError(
+            raise NoDeviceError(
                 "CuPy is not installed: pip install 'pydflash[cuda12]' or 'pydflash[cuda13]'"
             )
         if not cuda_available():
-            raise DeviceError("no CUDA device is visible")
+            raise NoDeviceError("no CUDA device is visible")
         n = cp.cuda.runtime.getDeviceCount()
         if (
             isinstance(ordinal, bool)
             or not isinstance(ordinal, (int, np.integer))
             or not 0 <= ordinal < n
         ):
-            raise DeviceError(f"ordinal {ordinal!r} out of range: {n} CUDA device(s)")
+            raise NoDeviceError(f"ordinal {ordinal!r} out of range: {n} CUDA device(s)")
         if stream is not None:
             stream = as_stream(stream)
+        # compiled families on disk (a folder, or None: this process's memory only)
+        self.kernel_cache = _kernel_cache.KernelCache(kernel_cache)
         self.ordinal = int(ordinal)
         self.device = cp.cuda.Device(self.ordinal)
         with self.device:
@@ -187,29 +204,57 @@ class Runtime:
         fn = self._functions.get(spec)
         if fn is None:
             fam = spec.family
-            key = (self.ordinal, fam.module, fam.options)
-            mod = Runtime._modules.get(key)
+            mod = Runtime._modules.get(self._module_key(fam))
             if mod is None:
-                with self.device:
-                    if fam.arch_specific:  # NVRTC for sm_XXa (CuPy would pass its own -arch)
-                        target = self.caps.arch_target
-                        cubin = kernels.compile_for_arch(fam.module, target, fam.options)
-                        with tempfile.TemporaryDirectory() as tmp:
-                            path = Path(tmp) / f"{fam.module}.cubin"
-                            path.write_bytes(cubin)
-                            mod = cp.RawModule(path=str(path))
-                            mod.get_function(next(iter(fam.specs)))  # loaded before tmp goes
-                    else:
-                        try:
-                            mod = cp.RawModule(code=kernels.source(fam.module), options=fam.options)
-                            mod.compile()
-                        except cp.cuda.compiler.CompileException as exc:
-                            raise KernelCompileError(
-                                f"{fam.module}.cu: NVRTC failed\n{exc}"
-                            ) from None
-                Runtime._modules[key] = mod
+                mod = self._load(fam, self.kernel_cache.cubin(fam, self.compile_target(fam)))
             fn = self._functions[spec] = mod.get_function(spec.name)
         return fn
+
+    def compile_target(self, fam: kernels.Family) -> str:
+        """What NVRTC compiles `fam` for on this device: the arch-specific target (sm_90a:
+        wgmma) for the families that need it, else the device's own arch, or, where this
+        NVRTC does not know the device, PTX of the newest arch it knows (the driver compiles
+        it at load)."""
+        if fam.arch_specific:
+            return self.caps.arch_target
+        return kernels.portable_target(self.caps.arch)
+
+    def precompile(
+        self,
+        families: Sequence[kernels.Family],
+        progress: _kernel_cache.Progress | None = None,
+    ) -> None:
+        """Compile (or read from the kernel cache) every family of `families` not loaded yet,
+        in parallel, then load them: a drafter's first call then compiles nothing. progress
+        receives a line per family compiled and a summary (nothing when all were loaded)."""
+        todo = [f for f in dict.fromkeys(families) if self._module_key(f) not in Runtime._modules]
+        if not todo:
+            return
+        cubins = self.kernel_cache.fill([(f, self.compile_target(f)) for f in todo], progress)
+        for fam in todo:
+            self._load(fam, cubins[(fam.label, self.compile_target(fam))])
+
+    def _module_key(self, fam: kernels.Family) -> tuple:
+        return (self.ordinal, fam.label, fam.options, fam.directory)
+
+    def _load(self, fam: kernels.Family, image: bytes) -> Any:
+        """Load a compiled family into this device (once per process and device)."""
+        target = self.compile_target(fam)
+        suffix = ".ptx" if target.startswith("compute_") else ".cubin"
+        with self.device, tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{fam.module}{suffix}"
+            path.write_bytes(image)
+            try:
+                mod = cp.RawModule(path=str(path))
+                mod.get_function(next(iter(fam.specs)))  # loaded before tmp goes
+            except cp.cuda.driver.CUDADriverError as exc:
+                self.kernel_cache.forget(fam, target)  # a cached image the driver refuses
+                raise KernelCompileError(
+                    f"{fam.module}.cu: the driver did not load its {target} image ({exc}); "
+                    "the cached copy was removed"
+                ) from None
+        Runtime._modules[self._module_key(fam)] = mod
+        return mod
 
     def launch(
         self,
@@ -236,7 +281,7 @@ class Runtime:
         values = spec.args(args)
         if spec.takes_structs:  # tensor maps by value: the driver's launch call
             if not self._pdl.loaded:
-                raise DeviceError(
+                raise UnsupportedDeviceError(
                     f"{spec.name}: needs cuLaunchKernelEx, which this device's runtime did not "
                     f"load ({self.arch})"
                 )
@@ -286,7 +331,7 @@ class Runtime:
         the partial buffers are released (nothing leaks)."""
         free = self.free_bytes()
         if nbytes > free:
-            raise DeviceError(
+            raise DeviceMemoryError(
                 f"{what}: needs {nbytes / 2**30:.2f} GiB of device memory, "
                 f"{free / 2**30:.2f} GiB free on {self.name}"
             )
@@ -297,7 +342,7 @@ class Runtime:
             traceback.clear_frames(exc.__traceback__)  # the partial buffers die with them
             failed = str(exc)
         if failed:
-            raise DeviceError(f"{what}: out of device memory ({failed})")
+            raise DeviceMemoryError(f"{what}: out of device memory ({failed})")
 
     def upload(self, a: np.ndarray) -> cp.ndarray:
         """A new device array holding host array `a`, queued on the current stream."""
@@ -464,7 +509,7 @@ def as_stream(stream: Any) -> Any:
         ptr = _attr(stream, "cuda_stream")
     if isinstance(ptr, (int, np.integer)) and not isinstance(ptr, bool) and ptr >= 0:
         return external_stream(int(ptr))
-    raise DeviceError(
+    raise ArgumentError(
         f"stream: expected a cupy.cuda.Stream (cupy.cuda.Stream.from_external(obj) for another "
         f"framework's), or a stream object with cuda_stream or __cuda_stream__ "
         f"(torch.cuda.Stream), found {type(stream).__module__}.{type(stream).__name__}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from ..errors import DeviceError, ShapeError
+from ..errors import DeviceError, ShapeError, UnsupportedDeviceError
 
 TENSOR_MAP_BYTES = 128
 # CUtensorMapDataType / Interleave / Swizzle / L2promotion / FloatOOBfill (cuda.h)
@@ -124,7 +124,9 @@ def _encode(
     """cuTensorMapEncodeTiled of a 2-D row-major matrix (arguments checked by the callers)."""
     fn = _encoder()
     if fn is None:
-        raise DeviceError("tensor maps: the driver has no cuTensorMapEncodeTiled (CUDA < 12)")
+        raise UnsupportedDeviceError(
+            "tensor maps: the driver has no cuTensorMapEncodeTiled (CUDA < 12)"
+        )
     out = (ctypes.c_uint8 * TENSOR_MAP_BYTES)()
     dims = (ctypes.c_uint64 * 2)(cols, rows)
     strides = (ctypes.c_uint64 * 1)(row_bytes)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import checks
-from ..errors import CapacityError, ShapeError
+from ..errors import ArgumentError, CapacityError, ShapeError
 from ..model.config import DflashCfg
 from .kv import DflashKv, kv_bytes, kv_dtype, layer_rows
 
@@ -77,7 +77,7 @@ class DflashBatchKv:
         checks.require_runtime(e)
         cfg = checks.kv_cfg(cfg, cap)
         if not isinstance(rings, (bool, np.bool_)):
-            raise ShapeError(f"rings: expected True or False, found {rings!r}")
+            raise ArgumentError(f"rings: expected True or False, found {rings!r}")
         self.cfg, self.rings, self.slots = cfg, bool(rings), int(slots)
         self.device, self.stream_ptr = e.ordinal, e.stream.ptr
         self.layer_rows = layer_rows(cfg, cap, self.rings)  # rows of one slot, per layer

@@ -21,7 +21,8 @@ import numpy as np
 
 from .. import checks, linear
 from ..device.engine import Engine
-from ..errors import ShapeError
+from ..device.kernel_cache import to_stderr
+from ..errors import ArgumentError
 from ..formats.tensor import GpuTensor
 from ..io.checkpoint import Checkpoint
 from ..model.config import DflashCfg
@@ -39,6 +40,7 @@ from .weights import (
     DflashLayer,
     MarkovHead,
     host_weights,
+    kernel_families,
     load_weights,
     precision_bytes,
 )
@@ -93,20 +95,29 @@ class DflashDraft(BatchApi):
         *,
         cuda_graphs: bool = True,
         policy: linear.Policy = linear.DEFAULT,
+        progress: Callable[[str], None] | None = to_stderr,
     ) -> DflashDraft:
         """Load a checkpoint directory, validated in full (config, tensors, the supported
         envelope) before any GPU memory is touched. cuda_graphs: replay rounds, proposals and
         commits as captured CUDA graphs (False: plain launches). policy: kernel choices to
-        force (pydflash.linear.Policy; benchmarks), the dispatch table's by default."""
+        force (pydflash.linear.Policy; benchmarks), the dispatch table's by default.
+
+        The kernel families the drafter may launch are compiled here, in parallel, or read
+        from the engine's kernel cache (Engine(kernel_cache=...)): its first call compiles
+        nothing. progress receives a line per family compiled and a summary (by default
+        written to stderr, only when something is compiled); None: silent."""
+        if progress is not None and not callable(progress):
+            raise ArgumentError(f"progress: expected a callable or None, found {progress!r}")
         if not isinstance(policy, linear.Policy):
-            raise ShapeError(f"policy: expected a pydflash.linear.Policy, found {policy!r}")
+            raise ArgumentError(f"policy: expected a pydflash.linear.Policy, found {policy!r}")
         if precision not in PRECISIONS:
-            raise ShapeError(f"precision must be one of {PRECISIONS}, found {precision!r}")
+            raise ArgumentError(f"precision must be one of {PRECISIONS}, found {precision!r}")
         ckpt = Checkpoint.open(dir)
         check_geometry(ckpt.cfg, str(ckpt.path))
         checks.require_runtime(e)
         attention.check_fits(e, ckpt.cfg.head_dim)
         need = precision_bytes(ckpt.cfg, precision)[0]
+        e.precompile(kernel_families(ckpt.cfg, precision, e.caps, policy), progress)
         with e.allocating(need, f"loading {ckpt.path} at {precision}"), e.ordered():
             return cls(
                 e,

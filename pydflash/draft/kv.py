@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import checks
-from ..errors import CapacityError, ShapeError
+from ..errors import ArgumentError, CapacityError, ShapeError
 from ..model.config import DflashCfg
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,7 +48,7 @@ _ITEM = {"bf16": 2, "f32": 4}
 def kv_dtype(value: Any, name: str = "dtype") -> str:
     """A K/V storage dtype: "bf16" or "f32"."""
     if not isinstance(value, str) or value not in KV_DTYPES:
-        raise ShapeError(f"{name}: K/V dtype must be one of {KV_DTYPES}, found {value!r}")
+        raise ArgumentError(f"{name}: K/V dtype must be one of {KV_DTYPES}, found {value!r}")
     return value
 
 
@@ -117,7 +117,7 @@ class CommittedRows:
 
     def _init_rows(self, cfg: DflashCfg, cap: int, rings: bool, ring_pos: Any = None) -> None:
         if not isinstance(rings, (bool, np.bool_)):
-            raise ShapeError(f"rings: expected True or False, found {rings!r}")
+            raise ArgumentError(f"rings: expected True or False, found {rings!r}")
         self._cap, self._len, self._intact = cap, 0, 0
         self._block, self._window = cfg.block_size, cfg.sliding_window or 0
         self.ring_rows = ring_rows(cfg, cap, bool(rings))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import linear
 from ..formats.tensor import GpuTensor
 from ..io.checkpoint import (
     CONF_B,
@@ -30,6 +31,7 @@ from ..io.checkpoint import (
 from ..model.config import DflashCfg
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..device.caps import Caps
     from ..device.runtime import Runtime
 
 PRECISIONS = ("bf16", "q8_0", "q4_0", "mixed", "f32")
@@ -44,6 +46,27 @@ def format_for(precision: str, role: str) -> str:
     if precision == "mixed":
         return "q8_0" if role == "mlp" else "bf16"
     return precision
+
+
+def kernel_families(cfg: DflashCfg, precision: str, caps: Caps, policy: linear.Policy) -> list:
+    """The kernel families a drafter of `cfg` at `precision` may launch on a device of `caps`:
+    the ops its data flow runs, and the projection kernels the dispatch table may choose for
+    each of its weight formats (DflashDraft.load compiles them together, in parallel)."""
+    from ..ops import attention, elementwise, markov, norm, qkv_rope, sampling, verify
+    from ..ops import quant as ops_quant
+
+    fams = attention.families_for(cfg.head_dim, exact=precision == "f32")
+    fams += [norm.FAMILY, qkv_rope.FAMILY, elementwise.FAMILY]
+    fams += [sampling.FAMILY, verify.FAMILY]
+    if cfg.has_markov:
+        fams.append(markov.FAMILY)
+    formats = {format_for(precision, role) for role in ("attn", "mlp", "head")}
+    if formats & {"q8_0", "q4_0"}:
+        fams.append(ops_quant.FAMILY)  # weights quantized on the device at load
+    ks = {cfg.hidden, cfg.n_head * cfg.head_dim, cfg.n_ff, cfg.tap_width}
+    for fmt in sorted(formats | {"f32"}):  # f32: the decode family's sampling / FFMA entries
+        fams += linear.families(fmt, caps, sorted(ks), policy)
+    return list({f.module: f for f in fams}.values())
 
 
 @dataclasses.dataclass

@@ -1,13 +1,11 @@
-"""linear.cu: Y[M, N] = X[M, K] . W[N, K]^T on the tensor cores (bf16 / q8_0 / q4_0 weights,
-f32 activations split hi/lo) or in f32 FFMA (the f32 parity format), with split-K partials
-added by the consumer kernels (qkv_norm_rope, residual_rms_norm), and the sampling epilogue
-(`project_sample`): logits streamed into Gumbel-max partials instead of being stored.
-
-`kernel` names the implementation of the tensor-core formats: "v3" (linear_v3.cu: a per-warp
-cp.async ring, pydflash/linear/decode_v3.py) or "v2" (this module's linear.cu); which one runs
-where is pydflash.linear.dispatch's choice. f32 weights always take linear.cu's FFMA kernel.
-k_splits and project must be given the same kernel: the consumer adds exactly the partials
-that kernel's plan writes."""
+"""The decode linears: Y[M, N] = X[M, K] . W[N, K]^T at a few rows. bf16 / q8_0 / q4_0 weights
+run linear_v3.cu's tensor-core kernel (f32 activations split hi/lo; a per-warp cp.async ring,
+pydflash/linear/decode_v3.py), with split-K partials added by the consumer kernels
+(qkv_norm_rope, residual_rms_norm); f32 weights (the parity format) run linear.cu's FFMA kernel.
+The sampling epilogue (`project_sample`, linear.cu): logits streamed into Gumbel-max partials
+instead of being stored. k_splits gives the partial count project writes and the consumer adds.
+linear.cu's earlier tensor-core projection kernel lives in dev/ (dev/linear_v2.py) beside its
+benchmark: linear_v3 replaced it in every format at the public geometries."""
 
 from __future__ import annotations
 
@@ -20,6 +18,8 @@ from . import decode_v3 as _v3
 # shared with linear_v3 (and used as linear.split_k_plan, linear.CHUNK, ... by callers)
 from .split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, row_args, split_k_plan
 
+__all__ = ["CHUNK", "MAX_K_SPLITS", "split_k_plan", "k_splits", "project", "project_sample"]
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
 
@@ -27,7 +27,6 @@ WARPS = 4  # warps per block
 UNROLL = 2  # 32-chunks a warp loads before computing
 ROWS_PER_BLOCK = 32  # output rows per block: two m-tiles of 16
 F32_WARPS = 8
-KERNELS = ("v2", "v3")  # which one runs where: pydflash.linear.dispatch
 
 FAMILY = Family(
     "linear",
@@ -38,21 +37,10 @@ FAMILY = Family(
         "LIN_F32_WARPS": F32_WARPS,
     },
 )
-_MMA_SIG = (
-    "const unsigned char* W, const unsigned short* scales, const float* X, long long ldx, "
-    "float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K, "
-    "int chunks_per_split, long long split_stride"
-)
 _F32_SIG = (
     "const float* W, const unsigned short* scales, const float* X, long long ldx, "
     "float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K"
 )
-MMA = {
-    (fmt, epi, nt1): FAMILY.kernel(f"linear_{fmt}_{epi}" + ("_nt1" if nt1 else ""), _MMA_SIG)
-    for fmt in ("bf16", "q8_0", "q4_0")
-    for epi in EPILOGUES
-    for nt1 in (False, True)
-}
 F32 = {epi: FAMILY.kernel(f"linear_f32_{epi}", _F32_SIG) for epi in EPILOGUES}
 _SAMPLE_SIG = (
     "const unsigned char* W, const unsigned short* scales, const float* X, long long ldx, "
@@ -69,27 +57,11 @@ SAMPLE_F32 = FAMILY.kernel("linear_f32_sample", _SAMPLE_SIG.replace("unsigned ch
 F32_ROWS = 16  # output rows per block of the f32 kernel (F32_WARPS row pairs)
 
 
-def _kernel(kernel: str) -> str:
-    if kernel not in KERNELS:
-        raise ShapeError(f"kernel must be one of {KERNELS}, found {kernel!r}")
-    return kernel
-
-
-def k_splits(rt: Runtime, w: GpuTensor, kernel: str) -> int:
-    """Split-K factor of a weight at batch <= 16: enough blocks to fill the GPU (about 4 per
-    SM) while each split keeps every warp of its block busy; 1 for f32 (one FFMA pass).
-    It depends on the weight and the device only, never on M, so a row's result is the same
-    in every batch. kernel="v3": linear_v3's outer splits."""
-    if _kernel(kernel) == "v3":
-        return _v3.k_splits(rt, w)
-    if w.fmt == "f32":
-        return 1
-    n, k = w.out_features, w.in_features
-    row_blocks = -(-n // ROWS_PER_BLOCK)
-    want = max(
-        1, min((4 * rt.sm_count) // row_blocks, (k // CHUNK) // (WARPS * UNROLL), MAX_K_SPLITS)
-    )
-    return split_k_plan(k // CHUNK, want)[0]
+def k_splits(rt: Runtime, w: GpuTensor) -> int:
+    """Split-K factor of a weight at batch <= 16 (linear_v3's outer splits; 1 for f32, one
+    FFMA pass). It depends on the weight and the device only, never on M, so a row's result
+    is the same in every batch."""
+    return 1 if w.fmt == "f32" else _v3.k_splits(rt, w)
 
 
 def project(
@@ -102,13 +74,11 @@ def project(
     residual: Any = None,
     ksplit: int = 1,
     split_stride: int = 0,
-    *,
-    kernel: str,
 ) -> None:
     """out = x . w^T (epilogue store), residual + x . w^T (add; residual may alias out), or
     silu(gate) * up for an interleaved gate/up weight (silu_mul). Rows are strided by their
     arrays' own row strides. ksplit > 1 (store only) writes ksplit partial sums to
-    out + s*split_stride for the consumer to add. kernel="v3": linear_v3 (not f32)."""
+    out + s*split_stride for the consumer to add (k_splits gives it)."""
     if m == 0:  # nothing to compute (a zero grid is a launch error)
         return
     if epilogue == "silu_mul" and w.out_features % 16:
@@ -118,36 +88,16 @@ def project(
             f"silu_mul: the gate/up weight has {w.out_features} rows; a multiple of 16 "
             "(whole interleaved tiles) is needed"
         )
-    if _kernel(kernel) == "v3" and w.fmt != "f32":
+    if w.fmt != "f32":
         _v3.project(rt, w, x, m, out, epilogue, residual, ksplit, split_stride)
         return
-    n, k = w.out_features, w.in_features
+    if ksplit != 1:
+        raise ShapeError("f32 weights do not take a K split")
     args = row_args(w, x, m, out, residual)
     args["R"] = residual if residual is not None else out  # read only by the add epilogue
-    if w.fmt == "f32":
-        if ksplit != 1:
-            raise ShapeError("f32 weights do not take a K split")
-        pairs = -(-n // 16) * 8
-        f32_grid = (-(-m // 16), -(-pairs // F32_WARPS))
-        rt.launch(F32[epilogue], f32_grid, 32 * F32_WARPS, **args)
-        return
-    n_splits, per_split = split_k_plan(k // CHUNK, ksplit)
-    if n_splits != ksplit:  # the consumer adds exactly ksplit partials: all must be written
-        raise ShapeError(
-            f"K split {ksplit} of {k // CHUNK} chunks leaves empty splits; use "
-            f"k_splits() ({n_splits} non-empty splits)"
-        )
-    nt1 = m <= 8
-    grid = (-(-m // (8 if nt1 else 16)), -(-n // ROWS_PER_BLOCK), n_splits)
-    rt.launch(
-        MMA[(w.fmt, epilogue, nt1)],
-        grid,
-        32 * WARPS,
-        pdl=True,
-        chunks_per_split=per_split,
-        split_stride=split_stride,
-        **args,
-    )
+    pairs = -(-w.out_features // 16) * 8
+    f32_grid = (-(-m // 16), -(-pairs // F32_WARPS))
+    rt.launch(F32[epilogue], f32_grid, 32 * F32_WARPS, **args)
 
 
 def sample_blocks(w: GpuTensor) -> int:
@@ -170,31 +120,13 @@ def project_sample(
     part: Any = None,
     part_idx: Any = None,
     slot_base: int = 0,
-    kernel: str,
 ) -> None:
     """The sampling epilogue over z = x . w^T (one K range): z soft-capped when apply_cap and
     params[1] > 0, plus `residual` rows when given, stored to `y` when given; with `part` each
     block of rows writes one Gumbel-max partial per token (part [sample_blocks(w), m, 4] f32,
     part_idx [sample_blocks(w), m] int32) for sampling.finish. params [T, cap] and rng (seed,
-    offset words) are device arrays read by the kernel; token i is draft slot slot_base + i.
-    kernel="v3": linear_v3 (not f32; the same partial layout)."""
+    offset words) are device arrays read by the kernel; token i is draft slot slot_base + i."""
     if m == 0:
-        return
-    if _kernel(kernel) == "v3" and w.fmt != "f32":
-        _v3.project_sample(
-            rt,
-            w,
-            x,
-            m,
-            params=params,
-            rng=rng,
-            apply_cap=apply_cap,
-            y=y,
-            residual=residual,
-            part=part,
-            part_idx=part_idx,
-            slot_base=slot_base,
-        )
         return
     n = w.out_features
     args = dict(

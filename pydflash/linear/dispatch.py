@@ -50,6 +50,7 @@ the table's).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import decode, decode_v3, gemm, gemm_bf16act, gemm_quant
@@ -57,6 +58,7 @@ from .split import CHUNK, split_k_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.caps import Caps
+    from ..device.kernels import Family
     from ..device.runtime import Runtime
     from .split import GpuTensor
 
@@ -172,6 +174,37 @@ def choose(
     raise ValueError(f"mode must be one of {MODES}, found {mode!r}")
 
 
+def families(fmt: str, caps: Caps, ks: Iterable[int], policy: Policy = DEFAULT) -> list[Family]:
+    """The kernel families the table may choose for `fmt` weights of in_features `ks` on this
+    device, in every mode and at every row count (what a drafter precompiles)."""
+    rows = (1, 16, BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM_ROWS, 4096)
+    found: dict[str, Family] = {}
+    for k in ks:
+        for mode in MODES:
+            for m in rows:
+                for fam in _families_of(choose(mode, fmt, m, caps, k=k, policy=policy)):
+                    found[fam.module] = fam
+    return list(found.values())
+
+
+def _families_of(choice: Choice) -> tuple[Family, ...]:
+    kernel = choice.kernel
+    if kernel == "decode_v3":
+        return (decode_v3.FAMILY,)
+    if kernel in ("decode_f32", "sample", "sample_f32"):
+        return (decode.FAMILY,)
+    if kernel == "gemm":
+        return (gemm.FAMILY,)
+    if kernel == "quant_split":  # the hi / lo split prepass is gemm_bf16act's
+        return (gemm_quant.FAMILY, gemm_bf16act.FAMILY)
+    tile = choice.tile
+    if tile == gemm_bf16act.WGMMA_TILE:
+        return (gemm_bf16act.FAMILY_SM90, gemm_bf16act.FAMILY)
+    if tile in gemm_bf16act.TMA_TILES:
+        return (gemm_bf16act.FAMILY_TMA, gemm_bf16act.FAMILY)
+    return (gemm_bf16act.FAMILY,)
+
+
 # -- what the drafter's callers build on the table ----------------------------------------------
 def k_splits(rt: Runtime, w: GpuTensor) -> int:
     """The split-K factor of a round-mode projection of w (what its partial buffers hold): the
@@ -194,16 +227,15 @@ def project(
     """A round-mode projection: out = x . w^T ("store", into `ksplit` partials split_stride
     apart when > 1), residual + x . w^T ("add"), or silu(gate) * up ("silu_mul"), on the
     decode kernel the table chooses."""
-    choice = choose("round", w.fmt, m, rt.caps, k=w.in_features)
-    variant = "v2" if choice.kernel == "decode_f32" else "v3"
-    decode.project(rt, w, x, m, out, epilogue, residual, ksplit, split_stride, kernel=variant)
+    choose("round", w.fmt, m, rt.caps, k=w.in_features)  # one family: decode's (v3 or f32)
+    decode.project(rt, w, x, m, out, epilogue, residual, ksplit, split_stride)
 
 
 def project_sample(rt: Runtime, w: GpuTensor, x: Any, m: int, **kwargs: Any) -> None:
     """The draft step's sampling pass over w (linear.cu's SAMPLE epilogue; decode.project_sample
     has the arguments)."""
     choose("sample", w.fmt, m, rt.caps, k=w.in_features)  # one kernel family: linear.cu's
-    decode.project_sample(rt, w, x, m, kernel="v2", **kwargs)
+    decode.project_sample(rt, w, x, m, **kwargs)
 
 
 def batched_choice(
@@ -295,8 +327,7 @@ def project_rows(
         gemm.matmul(rt, w, x, m, part.reshape(-1, w.out_features))
         return None
     if kernel.startswith("decode"):
-        variant = "v2" if kernel == "decode_f32" else "v3"
-        decode.project(rt, w, x, m, part, ksplit=ksplit, split_stride=split_stride, kernel=variant)
+        decode.project(rt, w, x, m, part, ksplit=ksplit, split_stride=split_stride)
         return None
     holds = (x.data.ptr, x.strides[0], m, split_stride // w.out_features, xb.data.ptr)
     split = holds != xb_holds

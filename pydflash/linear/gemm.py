@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..device.kernels import Family
-from ..errors import DeviceError, ShapeError
+from ..errors import ShapeError, UnsupportedDeviceError
 from .split import checked_row_stride
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,7 +86,7 @@ def matmul(rt: Runtime, w: GpuTensor, x: Any, m: int, out: Any) -> None:
         raise ShapeError("w: weight rows must be 16-byte aligned")
     smem = smem_bytes(w.fmt)
     if smem > rt.smem_per_block:
-        raise DeviceError(
+        raise UnsupportedDeviceError(
             f"gemm {w.fmt}: needs {smem} bytes of shared memory per block, the device offers "
             f"{rt.smem_per_block}"
         )

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..device import tensormap
 from ..device.kernels import Family
-from ..errors import DeviceError, ShapeError
+from ..errors import ArgumentError, ShapeError, UnsupportedDeviceError
 from .split import CHUNK, checked_row_stride, row_stride, split_k_plan, split_problems
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -208,14 +208,16 @@ def _check(
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
     if tile not in ALL_TILES:
-        raise ShapeError(f"tile must be one of {sorted(ALL_TILES)}, found {tile!r}")
+        raise ArgumentError(f"tile must be one of {sorted(ALL_TILES)}, found {tile!r}")
     caps = rt.caps
     if (tile == WGMMA_TILE or tile in TMA_TILES) and not caps.wgmma:
-        raise DeviceError(f"{tile}: wgmma tiles do not run on {caps.arch}")
+        raise UnsupportedDeviceError(f"{tile}: wgmma tiles do not run on {caps.arch}")
     if tile in TMA_TILES and not caps.tma:
-        raise DeviceError(f"{tile}: the driver cannot encode tensor maps or launch with them")
+        raise UnsupportedDeviceError(
+            f"{tile}: the driver cannot encode tensor maps or launch with them"
+        )
     if epilogue not in EPILOGUES:
-        raise ShapeError(f"epilogue must be one of {EPILOGUES}, found {epilogue!r}")
+        raise ArgumentError(f"epilogue must be one of {EPILOGUES}, found {epilogue!r}")
     n, k = w.out_features, w.in_features
     if k % CHUNK:
         raise ShapeError(f"w: in_features {k} must be a multiple of {CHUNK}")
@@ -235,7 +237,7 @@ def _check(
         raise ShapeError("w: weight rows must be 16-byte aligned")
     bm, bn, threads, smem = tile_shape(tile)
     if smem > rt.smem_per_block:
-        raise DeviceError(
+        raise UnsupportedDeviceError(
             f"gemm_bf16act {tile}: needs {smem} bytes of shared memory per block, the device "
             f"offers {rt.smem_per_block}"
         )

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..device import tensormap
 from ..device.kernels import Family
-from ..errors import DeviceError, ShapeError
+from ..errors import ShapeError, UnsupportedDeviceError
 from . import gemm_bf16act
 from .split import checked_row_stride, split_problems
 
@@ -107,9 +107,9 @@ def project_split(
     if problems:
         raise ShapeError("; ".join(problems))
     if not rt.caps.tma:  # wgmma with the driver's tensor maps
-        raise DeviceError(f"gemm_quant: needs wgmma and tensor maps ({rt.caps.arch})")
+        raise UnsupportedDeviceError(f"gemm_quant: needs wgmma and tensor maps ({rt.caps.arch})")
     if smem_bytes(w.fmt) > rt.smem_per_block:
-        raise DeviceError(
+        raise UnsupportedDeviceError(
             f"gemm_quant {w.fmt}: needs {smem_bytes(w.fmt)} bytes of shared memory per block, "
             f"the device offers {rt.smem_per_block}"
         )

@@ -1,11 +1,12 @@
 """One module per kernel family (cuda_src/<family>.cu): its compile-time constants, its kernel
-specs and its launchers. Launchers are unchecked (callers validated shapes); they queue on the
-current stream, which every entry point makes the runtime's."""
+specs and its launchers (attention.cu: one family per set of partials, attention.FAMILIES).
+Launchers are unchecked (callers validated shapes); they queue on the current stream, which
+every entry point makes the runtime's."""
 
 from ..linear import decode as linear
 from ..linear import decode_v3 as linear_v3
 from ..linear import gemm, gemm_bf16act, gemm_quant
-from . import attention, elementwise, markov, norm, qkv_rope, quant, sampling, stream_probe, verify
+from . import attention, elementwise, markov, norm, qkv_rope, quant, sampling, verify
 
 FAMILIES = tuple(
     m.FAMILY
@@ -14,7 +15,6 @@ FAMILIES = tuple(
         linear_v3,
         gemm,
         gemm_bf16act,
-        attention,
         norm,
         qkv_rope,
         elementwise,
@@ -22,6 +22,5 @@ FAMILIES = tuple(
         markov,
         quant,
         verify,
-        stream_probe,
     )
-) + (gemm_bf16act.FAMILY_SM90, gemm_bf16act.FAMILY_TMA, gemm_quant.FAMILY)
+) + (*attention.FAMILIES, gemm_bf16act.FAMILY_SM90, gemm_bf16act.FAMILY_TMA, gemm_quant.FAMILY)

@@ -34,17 +34,25 @@ COMBINE_WARPS = 4  # warps of a combine block, one block a (head, query) row (a 
 # tools/bench_attention.py --tc-min-warps, measured with more splits before any default moves
 TC_MIN_WARPS = 0
 
-FAMILY = Family(
-    "attention",
-    {
+
+def _family(tc_hd: int) -> Family:
+    """attention.cu compiled for one set of partials (ATT_TC_HD): 0 the FFMA partials, a head
+    dim its tensor-core partials; each holds attn_combine."""
+    defines = {
         "ATT_T": TILE,
         "ATT_THREADS": THREADS,
         "ATT_TC_T": TC_TILE,
         "ATT_TC_STAGES": TC_STAGES,
         "ATT_CW": COMBINE_WARPS,
         "ATT_TC_MIN_WARPS": TC_MIN_WARPS,
-    },
-)
+        "ATT_TC_HD": tc_hd,
+    }
+    return Family("attention", defines, variant="ffma" if tc_hd == 0 else f"tc{tc_hd}")
+
+
+FFMA_FAMILY = _family(0)
+TC_FAMILIES = {hd: _family(hd) for hd in TC_HEAD_DIMS}
+FAMILIES = (FFMA_FAMILY, *TC_FAMILIES.values())
 
 
 def _sig(ctype: str) -> str:
@@ -75,7 +83,7 @@ _FFMA_SHAPES = {
     "bf16": [(1, 4), (2, 8), (4, 16), (8, 32)],
 }
 FFMA = {
-    (rpt, orpt, kv): FAMILY.kernel(
+    (rpt, orpt, kv): FFMA_FAMILY.kernel(
         f"attn_partial{'' if kv == 'f32' else '_bf16'}_r{rpt}_o{orpt}", _sig(_CTYPE[kv])
     )
     for kv, shapes in _FFMA_SHAPES.items()
@@ -85,19 +93,36 @@ FFMA = {
 # bf16, one MMA: the batched rounds' bf16-activation mode)
 _TC_NAME = {"f32": "tc", "bf16": "tcb", "bf16r": "tcr"}
 TC = {
-    (hd, w, kv): FAMILY.kernel(
+    (hd, w, kv): TC_FAMILIES[hd].kernel(
         f"attn_partial_{_TC_NAME[kv]}_h{hd}_w{w}", _sig(_CTYPE["f32" if kv == "f32" else "bf16"])
     )
     for kv in ("f32", "bf16", "bf16r")
     for hd in TC_HEAD_DIMS
     for w in (1, 2, 4, 8)
 }
-COMBINE = FAMILY.kernel(
-    "attn_combine",
+_COMBINE_SIG = (
     "const float* o_part, const float* ml_part, float* out, "
     "long long ldo, int n_q, int n_head, int hd, int n_splits, long long seq_part_rows, "
-    "long long seq_out, const int* seq_slot, unsigned short* out_b, const float* sink",
+    "long long seq_out, const int* seq_slot, unsigned short* out_b, const float* sink"
 )
+# the combine of each family, so a launch uses the module its partials came from
+COMBINE = {fam.variant: fam.kernel("attn_combine", _COMBINE_SIG) for fam in FAMILIES}
+
+
+def uses_tensor_cores(hd: int, kv: str, exact: bool) -> bool:
+    """Whether the partials of head dim hd over `kv` ("f32" / "bf16") K/V run on the tensor
+    cores (else FFMA): every head dim of TC_HEAD_DIMS but the exact f32 path."""
+    return hd in TC_HEAD_DIMS and not (exact and kv == "f32")
+
+
+def families_for(hd: int, exact: bool) -> list[Family]:
+    """The attention families a drafter of head dim hd runs (exact: its f32 precision)."""
+    fams = []
+    if hd in TC_HEAD_DIMS:
+        fams.append(TC_FAMILIES[hd])  # bf16 K/V, and f32 K/V unless exact
+    if exact or hd not in TC_HEAD_DIMS:
+        fams.append(FFMA_FAMILY)
+    return fams
 
 
 def ffma_smem(rows: int, hd: int, stages: int, item: int = 4) -> int:
@@ -266,7 +291,7 @@ def attend(
     slot.pop("seq_state")
     state = 0 if seqs is None else seqs.state
     kv = "bf16" if k.dtype == np.uint16 else "f32"
-    path = "ffma" if hd not in TC_HEAD_DIMS or (exact and kv == "f32") else "tc"
+    path = "tc" if uses_tensor_cores(hd, kv, exact) else "ffma"
     max_keys = max_keys or n_keys
     if key_window:
         max_keys = min(max_keys, key_window)
@@ -319,7 +344,7 @@ def attend(
             **slot,
         )
         rt.launch(
-            COMBINE,
+            COMBINE[spec.family.variant],
             (n_head * rows, n_seq),
             32 * COMBINE_WARPS,
             o_part=scratch.o_part,

@@ -33,7 +33,6 @@ GATHER = {
     "bf16": FAMILY.kernel("gather_rows_bf16", _GATHER_SIG.format(t="const unsigned short")),
     "f32": FAMILY.kernel("gather_rows_f32", _GATHER_SIG.format(t="const float")),
 }
-SOFTCAP = FAMILY.kernel("softcap_inplace", "float* x, long long n, float cap")
 TO_F32 = {
     "bf16": FAMILY.kernel("bf16_to_f32", "const unsigned short* src, float* dst, long long n"),
     "f16": FAMILY.kernel("f16_to_f32", "const unsigned short* src, float* dst, long long n"),
@@ -107,12 +106,6 @@ def gather_rows(rt: Runtime, table: Any, ids: Any, out: Any, n_ids: int) -> None
             n_ids=n_ids,
             cols=cols,
         )
-
-
-def softcap(rt: Runtime, x: Any, n: int, cap: float) -> None:
-    """x = tanh(x / cap) * cap, in place (Gemma's logit soft-cap)."""
-    if n:
-        rt.launch(SOFTCAP, grid(rt, n), THREADS, x=x, n=n, cap=cap)
 
 
 def scatter_block_pos(

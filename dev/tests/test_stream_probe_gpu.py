@@ -1,11 +1,11 @@
-"""cuda_src/stream_probe.cu on the GPU: each warp's sink word is the XOR of exactly the words
+"""dev/cuda/stream_probe.cu on the GPU: each warp's sink word is the XOR of exactly the words
 the NumPy model (stream_probe.warp_offsets) says it reads, on fresh random bytes, for the
 row-major and the tiled order (skipped without a CUDA device)."""
 
 import numpy as np
 import pytest
 
-from pydflash.ops import stream_probe
+from dev import stream_probe
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 

@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..device.kernels import Family
+from pydflash.device.kernels import Family
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..device.runtime import Runtime
+    from pydflash.device.runtime import Runtime
 
-FAMILY = Family("stream_probe")
+FAMILY = Family("stream_probe", directory=Path(__file__).parent / "cuda")
 STREAM_TILES = FAMILY.kernel(
     "stream_tiles",
     "const unsigned char* w, long long row_bytes, int n_groups, int rows, int run_bytes, "

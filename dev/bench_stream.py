@@ -1,12 +1,12 @@
 """Read bandwidth of the decode linears' weight tile order, row-major against tiled.
 
-    python tools/bench_stream.py [--n 24576] [--k 4096] [--formats bf16 q8_0 q4_0]
+    python dev/bench_stream.py [--n 24576] [--k 4096] [--formats bf16 q8_0 q4_0]
                                  [--repeats 30] [--slices 0]
 
 linear_v3 streams a row-major [N, K] weight (the quants of q8_0 / q4_0: K, K / 2 bytes a row;
 their scales are a separate array) as tiles of ROWS rows x RUN bytes: a warp's ring stage is
 64 rows x 64 bytes for bf16, 32 for q8_0, 16 for q4_0, so every row of a tile is a short run at
-a stride of a whole weight row. cuda_src/stream_probe.cu reads the same tiles in the same order
+a stride of a whole weight row. dev/cuda/stream_probe.cu reads the same tiles in the same order
 and nothing else, at the same bytes in flight a warp for every tile (8 KiB), from that layout
 and from a tiled one (each tile one contiguous block: what a load-time re-layout would give),
 beside tiles of longer runs. If the row-major order reads far below the tiled one, the layout,
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
     import numpy as np
 
+    from dev import stream_probe
     from pydflash import Engine
-    from pydflash.ops import stream_probe
     from tools.bench_round import copy_bandwidth, timed
 
     e = Engine(0)

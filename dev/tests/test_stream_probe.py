@@ -1,12 +1,12 @@
-"""stream_probe's index model (pydflash/ops/stream_probe.py, the diagnostic kernel behind
-tools/bench_stream.py): every tile order reads every byte of the weight exactly once, a tiled
+"""stream_probe's index model (dev/stream_probe.py, the diagnostic kernel behind
+dev/bench_stream.py): every tile order reads every byte of the weight exactly once, a tiled
 layout's tiles are contiguous, and the row-major order matches a hand-derived case. On a GPU the
 kernel's per-warp sink words equal the model's (tests/test_stream_probe_gpu.py)."""
 
 import numpy as np
 import pytest
 
-from pydflash.ops import stream_probe
+from dev import stream_probe
 
 CASES = [(64, 64, 5), (64, 16, 3), (32, 128, 2), (8, 512, 1), (16, 32, 4)]
 

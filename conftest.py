@@ -1,10 +1,11 @@
-"""Shared test setup: make the repository root importable (for `tools.make_checkpoint`)."""
+"""Shared test setup (tests/ and dev/tests/): the repository root importable (for
+`tools.make_checkpoint`, `dev.linear_v2`), the engine and rng fixtures, the marks."""
 
 import os
 import sys
 from pathlib import Path
 
-_ROOT = str(Path(__file__).resolve().parent.parent)
+_ROOT = str(Path(__file__).resolve().parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
