@@ -42,11 +42,15 @@ for p in $PRESETS; do   # each preset written once (in parallel), shared by the 
   [ -f "$CKPT/$p/config.json" ] || python3 tools/make_checkpoint.py "$CKPT/$p" --preset "$p" --seed 1 > "$OUT/make_checkpoint_$p.log" 2>&1 &
 done
 wait
+# every kernel family compiled once, in parallel, into the kernel cache the test processes
+# then read (pydflash-precompile; a warm cache reads them in about a second)
+ARCH=sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')
+run precompile python3 -m pydflash.precompile --arch "$ARCH"
 
 if [ "$PART" = tests ] || [ "$PART" = all ] || [ "$PART" = suite ]; then
   # in TEST_SHARDS processes (test files dealt round-robin; tests.log the summary)
   SHARDS=${TEST_SHARDS:-$([ "$PART" = suite ] && echo 2 || echo 3)}
-  ls tests/test_*.py | grep -v test_kernels_compile.py > "$OUT/test_files.txt"
+  ls tests/test_*.py dev/tests/test_*.py | grep -v test_kernels_compile.py > "$OUT/test_files.txt"
   for i in $(seq 1 "$SHARDS"); do
     awk -v i="$i" -v n="$SHARDS" 'NR % n == i % n' "$OUT/test_files.txt" > "$OUT/test_files_$i.txt"
     (xargs -a "$OUT/test_files_$i.txt" python3 -m pytest -q -rs -p no:cacheprovider \
