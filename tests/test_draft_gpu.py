@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pydflash import ReferenceDraft
-from pydflash.errors import CapacityError, CheckpointError, ShapeError
+from pydflash.errors import ArgumentError, CapacityError, CheckpointError, ShapeError
 from pydflash.testing import TOLERANCE, assert_paths_agree, ingest_path, rel
 from tools.make_checkpoint import make_checkpoint
 
@@ -264,7 +264,7 @@ def test_bad_inputs_leave_kv_and_draft_intact(engine, ckpts, rng):
 def test_load_errors(engine, tmp_path):
     from pydflash import DflashDraft
 
-    with pytest.raises(ShapeError, match="precision"):
+    with pytest.raises(ArgumentError, match="precision"):
         DflashDraft.load(engine, tmp_path, "fp8")
     with pytest.raises(CheckpointError, match="config.json"):
         DflashDraft.load(engine, tmp_path, "bf16")

@@ -64,7 +64,7 @@ def test_errors_mid_round_leave_kv_and_graph_usable(engine, preset_checkpoint, r
     np.testing.assert_array_equal(first, again)
     bad_calls = [
         lambda: d.forward_round(e, kv, cp.asarray(noise, np.float64), pos[50:]),
-        lambda: d.forward_round(e, kv, cp.asarray(noise), cp.asarray(pos[50:], np.int64)),
+        lambda: d.forward_round(e, kv, cp.asarray(noise), cp.asarray(pos[50:], np.int16)),
         lambda: d.forward_round(e, kv, cp.asarray(noise), pos[50:66][:-1]),
         lambda: d.forward_round(e, kv, cp.asarray(noise), pos[50:], out=cp.empty((3, 3))),
         lambda: d.ingest_ctx(e, kv, cp.ones((20, cfg.hidden), np.float32), pos[:19], 20),
