@@ -50,7 +50,7 @@ def key(fam: kernels.Family, target: str, nvrtc: tuple[int, int]) -> str:
     h = hashlib.sha256()
     for part in (
         kernels.source(fam.module, fam.directory),
-        "\0".join(fam.options),
+        "\0".join(fam.runtime_options),
         target,
         f"nvrtc {nvrtc[0]}.{nvrtc[1]}",
         f"pydflash {__version__}",
@@ -105,7 +105,7 @@ class KernelCache:
             return data
         ptx = target.startswith("compute_")  # for the driver to compile: kernels.portable_target
         data = kernels.compile_for_arch(
-            fam.module, target.replace("compute_", "sm_"), fam.options, ptx, fam.directory
+            fam.module, target.replace("compute_", "sm_"), fam.runtime_options, ptx, fam.directory
         )
         with self._lock:
             self.stats.compiled.append(fam.label)

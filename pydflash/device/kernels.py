@@ -173,6 +173,14 @@ class Family:
     variant: str = ""
 
     @property
+    def runtime_options(self) -> tuple[str, ...]:
+        """The options the runtime compiles with: the family's, and for the portable families
+        -ftz=true (single-precision denormals flushed to zero), which CuPy's compiler always
+        adds and every portable kernel was verified and measured with (the arch-specific
+        families were compiled without it from the start)."""
+        return self.options if self.arch_specific else (*self.options, "-ftz=true")
+
+    @property
     def label(self) -> str:
         """The family's name in messages, cache files and tests: module[_variant]."""
         return f"{self.module}_{self.variant}" if self.variant else self.module
