@@ -308,7 +308,7 @@ def is_device_array(obj: Any) -> bool:
 
 
 # The activation dtypes taken as they arrive, converted on the device in one pass into the
-# float32 the kernels read (README "Streams": what a torch / JAX target hands over). 2-byte
+# float32 the kernels read (docs/streams.md: what a torch / JAX target hands over). 2-byte
 # unsigned and void elements are bf16 bit patterns (the array interface's bfloat16).
 _F32_FROM = {"bfloat16": "bf16", "uint16": "bf16", "void16": "bf16", "float16": "f16"}
 

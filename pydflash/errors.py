@@ -29,7 +29,7 @@ class ArgumentError(PydflashError, ValueError):
 
 
 class GeometryError(ShapeError):
-    """The drafter's geometry lies outside what the GPU kernels support (README "Supported
+    """The drafter's geometry lies outside what the GPU kernels support (docs/limits.md "Supported
     envelope"); the message names every dimension at fault and the kernel that needs it."""
 
 

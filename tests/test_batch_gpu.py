@@ -252,7 +252,8 @@ def test_batched_rounds_at_public_geometries(engine, preset_checkpoint, rng, pre
 
 
 # rel ||round(activations="bf16") - single round|| / ||single round||: the rounding of the
-# activations of every bf16 linear to bf16 (PERF.md "Batched rounds" quotes the measured level)
+# activations of every bf16 linear to bf16 (docs/performance.md "Batched rounds" quotes the
+# measured level)
 BF16_ACTIVATIONS = 2e-2
 
 

@@ -1,6 +1,6 @@
-"""Hostile configs: every size bounded (pydflash.model.bounds, README "Bounds"), strict and
-bounded JSON (pydflash.io.jsonio), RoPE tables that must be finite; each a ConfigError naming the
-key, fast, never a raw Python error."""
+"""Hostile configs: every size bounded (pydflash.model.bounds, docs/limits.md "Bounds"), strict
+and bounded JSON (pydflash.io.jsonio), RoPE tables that must be finite; each a ConfigError naming
+the key, fast, never a raw Python error."""
 
 import json
 import time

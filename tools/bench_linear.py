@@ -24,7 +24,7 @@ Variants (--variants adds all but the first of each kernel):
   v3 mt2            32 rows a warp (2 m-tiles) in every format
   v3 mt8q           128 rows a warp (8 m-tiles) for q8_0 / q4_0: twice the weight bytes a
                     stage beside the same activations (the quant linears are latency-bound
-                    on the weight bytes an SM keeps in flight, PERF.md seventh session)
+                    on the weight bytes an SM keeps in flight, docs/performance.md)
   v3 act-cg         activations copied through L2 only (cp.async.cg) instead of L1 (.ca)
   v3 w4             blocks of at most 4 warps (slices), more blocks an SM
 """

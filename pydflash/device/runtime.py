@@ -1,7 +1,7 @@
 """Runtime: one CUDA device, the stream work is queued on, the stream contract, the compiled
 kernel families, typed launches and small host -> device copies.
 
-Stream contract (SPEC §7b, README "Streams"), the CuPy / torch convention:
+Stream contract (docs/streams.md), the CuPy / torch convention:
 - every entry point (`ordered`) queues its work after everything already queued on the
   caller's current CuPy stream, and the caller's stream waits for that work, so anything queued
   there later (a `cp.asnumpy`, a kernel, freeing and reusing an input's memory) sees the

@@ -20,8 +20,8 @@
   stacked rows, the bf16 linears round their activations to bf16 and run one tensor-core GEMM
   a weight (pydflash/ops/gemm_bf16act.py), reading each weight once for the whole batch instead
   of once per 16 rows. The outputs then equal the exact round to the rounding of bf16
-  activations (PERF.md "Batched rounds" states the measured level); other weight formats and
-  smaller buckets keep the exact path.
+  activations (docs/performance.md "Batched rounds" states the measured level); other weight
+  formats and smaller buckets keep the exact path.
 - `draft_batch(e, hidden, lm_head, lasts, ...) -> list[Proposal]`: the draft step of each
   sequence (`draft` per sequence: tokens, q, probs, confidence). Sampling draws sequence i at
   the drafter's Philox offset + i and a sampled batch advances the offset by B (a greedy one

@@ -148,7 +148,7 @@ class DflashDraft(BatchApi):
     def ctx_features(self, e: Engine, taps: Any, t: int, *, big: bool | None = None) -> Any:
         """hidden_norm(fc(taps)): taps [t, n_taps * tap_hidden] -> new [t, hidden]. big: the tiled
         GEMM (True) or the decode linear, whose rows do not depend on t (False); None: the
-        GEMM from gemm.MIN_ROWS rows."""
+        dispatch table's choice (the GEMM from linear.GEMM_ROWS rows)."""
         checks.require_runtime(e)
         with e.ordered():
             self._check(e)

@@ -66,7 +66,7 @@ def kernel_families(cfg: DflashCfg, precision: str, caps: Caps, policy: linear.P
     ks = {cfg.hidden, cfg.n_head * cfg.head_dim, cfg.n_ff, cfg.tap_width}
     for fmt in sorted(formats | {"f32"}):  # f32: the decode family's sampling / FFMA entries
         fams += linear.families(fmt, caps, sorted(ks), policy)
-    return list({f.module: f for f in fams}.values())
+    return list({f.label: f for f in fams}.values())
 
 
 @dataclasses.dataclass

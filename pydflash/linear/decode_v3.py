@@ -49,7 +49,7 @@ class Config:
 
     mt: tuple[int, int, int] = (4, 4, 4)  # m-tiles of 16 rows a warp (2, 4 or 8)
     # ring stages a warp (2 .. 8): bf16 3, q8_0 / q4_0 2, the fastest measured on an H200
-    # (PERF.md "linear_v3": bench_linear --variants, S-min / S+1)
+    # (docs/performance.md "linear_v3": bench_linear --variants, S-min / S+1)
     stages: tuple[int, int, int] = (3, 2, 2)
     act_cache: int = 2  # activations: 1 = cp.async.cg (L2 only), 2 = cp.async.ca (L1 too)
     max_warps: int = 8  # warps a block at most (16 / it blocks an SM: 128 registers)

@@ -13,7 +13,7 @@ Modes:
 - "batched_bf16": a batched round's linears with bf16 activations (forward_round_batch's
   activations="bf16"), over B x block stacked rows.
 
-The table, row by row (a row's reason is its H200 measurement, PERF.md):
+The table, row by row (a row's reason is its H200 measurement, docs/performance.md):
 
   round        f32                 any rows        decode_f32 (linear.cu FFMA): the parity format
   round        bf16 q8_0 q4_0      any rows        decode_v3 (linear_v3.cu): faster than linear.cu's

@@ -4,9 +4,9 @@ Field names follow the Rust `DflashCfg` (hidden, n_head, n_kv, head_dim, n_ff, n
 rope_theta, block_size, mask_token_id, target_layer_ids, sliding_window, layer_sliding); the
 DSpark fields (vocab_size, markov_*, confidence_*, layout) and rope (per layer),
 attention_bias, is_causal are additions. A key that changes the math and is not implemented is
-a ConfigError naming it, never ignored. Every size is bounded (`bounds`, README "Bounds") and
-config.json is read with a size, depth and integer-length limit and no duplicate keys
-(`jsonio`), so no config, however hostile, takes long or much memory to parse.
+a ConfigError naming it, never ignored. Every size is bounded (`bounds`, docs/limits.md
+"Bounds") and config.json is read with a size, depth and integer-length limit and no duplicate
+keys (`jsonio`), so no config, however hostile, takes long or much memory to parse.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ class DflashCfg:
     @classmethod
     def from_json(cls, path: str | Path) -> DflashCfg:
         """Parse a config.json file: a regular UTF-8 JSON file of at most 1 MiB holding an
-        object, without duplicate keys (README "Bounds")."""
+        object, without duplicate keys (docs/limits.md "Bounds")."""
         path = Path(path)
         try:
             data = jsonio.read_bounded(path, bounds.MAX_CONFIG_BYTES)
@@ -233,7 +233,7 @@ class DflashCfg:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> DflashCfg:
         """Parse an HF-style config dict; every problem is reported in one ConfigError, every
-        size is bounded (README "Bounds") and the RoPE tables are checked."""
+        size is bounded (docs/limits.md "Bounds") and the RoPE tables are checked."""
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: expected a JSON object, found {type(raw).__name__}")
         try:

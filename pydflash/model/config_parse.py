@@ -65,7 +65,7 @@ class Parser:
             self.problem(key, f"must be >= {lo}, found {brief(v)}")
             return None
         if v > hi:  # brief: huge values are shown by their size
-            self.problem(key, f'must be <= {hi} (README "Bounds"), found {brief(v)}')
+            self.problem(key, f'must be <= {hi} (docs/limits.md "Bounds"), found {brief(v)}')
             return None
         return v
 
@@ -98,7 +98,7 @@ class Parser:
             self.problem(key, f"must be > 0, found {f:g}")
             return None
         if not lo <= f <= hi:
-            self.problem(key, f'must be in [{lo:g}, {hi:g}] (README "Bounds"), found {f:g}')
+            self.problem(key, f'must be in [{lo:g}, {hi:g}] (docs/limits.md "Bounds"), found {f:g}')
             return None
         return f
 

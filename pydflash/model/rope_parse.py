@@ -16,9 +16,9 @@ from .rope import LAYER_TYPES, ROPE_TYPES, RopeSpec
 
 Problem = Callable[[str, str], None]
 
-# Bounds of the RoPE parameters (README "Bounds"): positions are int32, so no length parameter
-# can usefully exceed 2^31; a factor or theta outside [1e-30, 1e30] cannot be a real setting
-# and only reaches float32 overflow or underflow in the tables.
+# Bounds of the RoPE parameters (docs/limits.md "Bounds"): positions are int32, so no length
+# parameter can usefully exceed 2^31; a factor or theta outside [1e-30, 1e30] cannot be a real
+# setting and only reaches float32 overflow or underflow in the tables.
 MAX_POSITIONS = 2**31 - 1
 MAX_MAGNITUDE = 1e30
 
