@@ -81,22 +81,30 @@ class KernelCache:
         self.stats = Stats()
         self._lock = threading.Lock()
         self._memory: dict[str, bytes] = {}
+        self._names: dict[tuple, str] = {}
 
-    def path(self, fam: kernels.Family, target: str, nvrtc: tuple[int, int]) -> Path | None:
-        if self.folder is None:
-            return None
-        suffix = ".ptx" if target.startswith("compute_") else ".cubin"
-        return self.folder / f"{fam.label}-{target}-{key(fam, target, nvrtc)}{suffix}"
+    def name(self, fam: kernels.Family, target: str) -> str:
+        """The family's file name for `target` (label-target-key.cubin / .ptx); the key (a read
+        and hash of the preprocessed source) is computed once a cache."""
+        memo = (fam.label, fam.options, fam.directory, target)
+        found = self._names.get(memo)
+        if found is None:
+            suffix = ".ptx" if target.startswith("compute_") else ".cubin"
+            found = f"{fam.label}-{target}-{key(fam, target, nvrtc_version())}{suffix}"
+            self._names[memo] = found
+        return found
+
+    def path(self, fam: kernels.Family, target: str) -> Path | None:
+        return None if self.folder is None else self.folder / self.name(fam, target)
 
     def cubin(self, fam: kernels.Family, target: str) -> bytes:
         """The family's cubin for `target`: from memory, from the folder, or compiled (and then
         written to the folder)."""
-        nv = nvrtc_version()
-        k = f"{fam.label}-{target}-{key(fam, target, nv)}"
+        k = self.name(fam, target)
         with self._lock:
             if k in self._memory:
                 return self._memory[k]
-        path = self.path(fam, target, nv)
+        path = self.path(fam, target)
         data = _read(path)
         if data is not None:
             with self._lock:
@@ -116,10 +124,9 @@ class KernelCache:
 
     def forget(self, fam: kernels.Family, target: str) -> None:
         """Drop a family's cubin (memory and disk): one the driver refused to load."""
-        nv = nvrtc_version()
         with self._lock:
-            self._memory.pop(f"{fam.label}-{target}-{key(fam, target, nv)}", None)
-        path = self.path(fam, target, nv)
+            self._memory.pop(self.name(fam, target), None)
+        path = self.path(fam, target)
         if path is not None:
             try:
                 path.unlink()
@@ -138,8 +145,7 @@ class KernelCache:
         if not todo:
             return {}
         before = len(self.stats.compiled)
-        nv = nvrtc_version()
-        missing = [fam.label for fam, t in todo if _read(self.path(fam, t, nv)) is None]
+        missing = [fam.label for fam, t in todo if not self._on_disk(fam, t)]
         if progress is not None and missing:
             where = self.folder if self.folder is not None else "not kept on disk"
             targets = ", ".join(sorted({t for _, t in todo}))
@@ -171,6 +177,11 @@ class KernelCache:
                 f"{len(todo) - compiled} cached; cache: {where})"
             )
         return done
+
+
+    def _on_disk(self, fam: kernels.Family, target: str) -> bool:
+        path = self.path(fam, target)
+        return path is not None and path.is_file()
 
 
 def _read(path: Path | None) -> bytes | None:

@@ -230,9 +230,10 @@ class Runtime:
         todo = [f for f in dict.fromkeys(families) if self._module_key(f) not in Runtime._modules]
         if not todo:
             return
-        cubins = self.kernel_cache.fill([(f, self.compile_target(f)) for f in todo], progress)
-        for fam in todo:
-            self._load(fam, cubins[(fam.label, self.compile_target(fam))])
+        jobs = [(f, self.compile_target(f)) for f in todo]
+        cubins = self.kernel_cache.fill(jobs, progress)
+        for fam, target in jobs:
+            self._load(fam, cubins[(fam.label, target)])
 
     def _module_key(self, fam: kernels.Family) -> tuple:
         return (self.ordinal, fam.label, fam.options, fam.directory)
