@@ -529,7 +529,7 @@ def test_propose_graph_replay_equals_plain_launches_as_len_grows(engine, ckpt_di
             start = base + rows
             last = int(a["tokens"][0])
         assert graphed.rng_state(e) == plain.rng_state(e) == (77, 5)
-        assert len(graphed._propose_graphs[kv_g]) == 1 and not plain._propose_graphs.get(kv_p)
+        assert graphed._graphs.count(kv_g, "propose") == 1 and not plain._graphs.count(kv_p)
 
 
 def test_propose_last_on_the_device_and_checkpoint_tables(engine, tmp_path):

@@ -61,9 +61,12 @@ class Calls:
         if dtype is not None:
             t = t.to(dtype)
         fill = float("nan") if t.is_floating_point() else -7
+        # uploaded first: a copy from pageable host memory waits for the stream on the host,
+        # which would let the sleep finish before pydflash is even called
+        src = t.to("cuda")
         out = torch.full(t.shape, fill, dtype=t.dtype, device="cuda")
         torch.cuda._sleep(SLEEP_CYCLES)
-        out.copy_(t.to("cuda"), non_blocking=True)
+        out.copy_(src)  # device to device, queued behind the sleep
         return out
 
 

@@ -181,3 +181,68 @@ class DflashBatchKv:
 
     def lens(self, slots: Sequence[int]) -> list[int]:
         return [self.slot(s).len for s in slots]
+
+    # -- checks of the batched calls (pydflash.draft.drafter), before any state changes ------
+    def check_ragged(
+        self, slots: Any, pos: Any, counts: Any, base: Sequence[int | None] | None = None
+    ) -> tuple[list[int], list[int], list[Any]]:
+        """slots, counts (one per slot, >= 0) and each sequence's positions (host ints, one
+        flat sequence of sum(counts) in slot order), checked against each slot's room and
+        rings at `base` (default its len). Returns (slot ids, counts, positions a slot)."""
+        ids = self.check_slots(slots)
+        if checks.is_device_array(counts) or isinstance(counts, (str, bytes)):
+            raise ShapeError("counts: expected host integers, one per slot")
+        try:
+            items = list(counts)
+        except TypeError:
+            raise ShapeError(f"counts: expected one integer per slot, found {counts!r}") from None
+        cnt = [checks.count(t, f"counts[{i}]") for i, t in enumerate(items)]
+        if len(cnt) != len(ids):
+            raise ShapeError(f"counts: {len(cnt)} counts for {len(ids)} slots")
+        if checks.is_device_array(pos):
+            raise ShapeError(
+                "pos: expected host positions (a batch's rings are checked on the host)"
+            )
+        flat = checks.host_int32(pos, "pos")
+        if flat.size != sum(cnt):
+            raise ShapeError(
+                f"pos: expected {sum(cnt)} positions (sum of counts), found {flat.size}"
+            )
+        per, at = [], 0
+        for i, (s, t) in enumerate(zip(ids, cnt)):
+            kv = self.slot(s)
+            at_base = None if base is None else base[i]
+            start = kv.len if at_base is None else at_base
+            if start + t > kv.cap:
+                raise CapacityError(
+                    f"slot {s}: {t} rows at len {start} exceed cap {kv.cap} (counts[{i}])"
+                )
+            p = flat[at : at + t]
+            kv.check_positions(p, f"pos (slot {s})", start)
+            per.append(p)
+            at += t
+        return ids, cnt, per
+
+    def check_rollbacks(
+        self, ids: list[int], rollback_to: Sequence[int | None] | None
+    ) -> list[int | None]:
+        """The len each slot rolls back to (None: it keeps its len), checked: never past its
+        len, and only to rows its rings still hold."""
+        back: list[int | None] = [None] * len(ids)
+        if rollback_to is None:
+            return back
+        rb = list(rollback_to)
+        if len(rb) != len(ids):
+            raise ShapeError(f"rollback_to: {len(rb)} entries for {len(ids)} slots")
+        for i, (s, r) in enumerate(zip(ids, rb)):
+            if r is None:
+                continue
+            kv, r = self.slot(s), checks.count(r, f"rollback_to[{i}]")
+            if r > kv.len:
+                raise CapacityError(
+                    f"rollback_to[{i}]: {r} is past slot {s}'s len {kv.len} "
+                    "(commit only rolls back)"
+                )
+            kv.check_rollback(r, f"rollback_to[{i}]")
+            back[i] = r
+        return back

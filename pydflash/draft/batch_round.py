@@ -1,6 +1,7 @@
-"""What a pool's batched rounds run on (pydflash.draft.batch): `PoolRounds`, the buffers sized for
-the pool's largest bucket, the staging words, the bf16-activation scratch and the captured
-graphs (one per bucket and activations); `BatchRound`, what one round's kernels read."""
+"""What a pool's batched rounds (DflashDraft.forward_round_batch) run on: `PoolRounds`, the
+buffers sized for the pool's largest bucket, the staging words and the bf16-activation
+scratch; `BatchRound`, what one round's kernels read. Their graphs live in the drafter's
+GraphCache, per pool and bucket."""
 
 from __future__ import annotations
 
@@ -94,8 +95,7 @@ class BatchRound:
 
 class PoolRounds:
     """A pool's batched-round buffers (sized for its largest bucket), staging words, the
-    bf16-activation scratch (on the first round that asks for it) and captured graphs (one per
-    bucket and activations)."""
+    bf16-activation scratch (on the first round that asks for it)."""
 
     def __init__(
         self,
@@ -119,7 +119,6 @@ class PoolRounds:
         self.xn_b: Any = None  # and the bf16 copies of xn and attn (BatchRound)
         self.attn_b: Any = None
         self.ff_b: Any = None
-        self.graphs: dict[tuple[int, str], Any] = {}
         # the bf16 mode's K splits a bucket (linear.round_splits; never above the
         # buffers' own, which the f32 mode keeps): qkv, o, down
         self.bf16_splits = {

@@ -3,6 +3,7 @@ drafter, so ingest_ctx and forward_round never allocate), and its per-layer RoPE
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -111,3 +112,14 @@ def _shapes(
             2 * cfg.kv_dim,
         ),
     }
+
+
+@dataclasses.dataclass
+class CommitStage:
+    """commit's device staging: the taps [rows, tap_width], their features [rows, hidden] and
+    fc's split-K partials, and [len, positions...] (int32 [1 + rows]) that its graph reads."""
+
+    taps: Any
+    feats: Any
+    part: Any
+    state: Any

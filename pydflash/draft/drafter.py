@@ -1,13 +1,30 @@
 """DflashDraft: the drafter on the GPU, the Rust `memra_engine::dflash` API one to one.
 
-The data flow, top to bottom:
+The data flow, top to bottom (each step's launches in pydflash.draft.network):
   taps --ctx_features--> ctx features --ingest_ctx--> draft KV (DflashKv)
   noise_emb + draft KV --forward_round--> block hidden --draft--> draft tokens (+ q, probs,
-  confidence); propose = embeddings + forward_round + draft as one CUDA graph, commit = the
-  accepted rows' ctx_features + ingest_ctx (pydflash.draft.rounds, the DraftApi base class)
+  confidence; pydflash.draft.step)
+  propose = the block's embeddings + forward_round + draft, one captured CUDA graph;
+  commit = the accepted rows' ctx_features + ingest_ctx, one captured graph per row count.
 `forward_block` and `forward` are the same path over a temporary KV (so a cached round equals
-the full forward bit for bit). Nothing in ingest_ctx/forward_round allocates or waits on the
-host: their buffers live in the drafter's RoundBuffers (one drafter = one stream of rounds).
+the full forward bit for bit). The batched calls (ingest_batch, commit_batch,
+forward_round_batch, draft_batch) run the same launches over a DflashBatchKv, the sequences
+as one more grid dimension.
+
+DflashDraft checks every argument, then stages per-call values on the device and runs its
+parts: the network (the launches), the round buffers (allocated once: ingest_ctx and
+forward_round never allocate or wait on the host), the draft step, and one graph cache for
+every captured graph (pydflash.draft.graphs). One drafter = one stream of rounds.
+
+A typical round, everything on the device until the caller reads the verdict:
+    p = d.propose(e, kv, last, start, embed, lm_head, temperature=0.7, want_probs=True)
+    ... the target scores [last, p.tokens...] -> target probs [n+1, V] ...
+    accepted, nxt = verify.speculative_accept(e, p.tokens, p.probs, target_probs, seed, off)
+    d.commit(e, kv, taps_of_accepted_rows, positions, t)
+
+Batched rounds replay one graph per (pool, bucket of 1 .. 64 sequences); each sequence equals
+its single round bit for bit (activations="f32"); docs/batching.md has the contract.
+Sampling draws from the drafter's Philox (seed, offset), pydflash.philox.
 """
 
 from __future__ import annotations
@@ -19,21 +36,31 @@ from typing import Any
 
 import numpy as np
 
-from .. import checks, linear
+from .. import checks, linear, philox
+from ..checks import FROM_CONFIG
 from ..device.engine import Engine
 from ..device.kernel_cache import to_stderr
-from ..errors import ArgumentError
+from ..errors import ArgumentError, CapacityError, ShapeError
 from ..formats.tensor import GpuTensor
 from ..io.checkpoint import Checkpoint
 from ..model.config import DflashCfg
 from ..model.envelope import check_geometry
-from ..ops import attention, norm, qkv_rope
-from ..ops.elementwise import scatter_block_pos
-from ..ops.seqs import Seqs
-from .batch import BatchApi
-from .batch_round import BatchRound
-from .buffers import RoundBuffers
+from ..ops import attention, elementwise
+from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
+from .batch_round import PoolRounds
+from .buffers import CommitStage, RoundBuffers
+from .graphs import GraphCache, array_identity
 from .kv import DflashKv, positions_ringable
+from .network import DraftNetwork
+from .step import (
+    DraftStep,
+    Proposal,
+    check_flag,
+    check_last,
+    check_options,
+    resolve_lm_head,
+    wrap_named,
+)
 from .weights import (
     PRECISIONS,
     ConfidenceHead,
@@ -45,8 +72,15 @@ from .weights import (
     precision_bytes,
 )
 
+MAX_PROPOSE_GRAPHS = 8  # captured propose graphs kept per DflashKv (oldest dropped first)
+# commit calls of up to this many rows replay one captured graph per (kv, rows): a round
+# accepts at most block_size + 1 rows (drafts and the bonus); longer commits run eagerly
+COMMIT_GRAPH_ROWS = 64
 
-class DflashDraft(BatchApi):
+
+class DflashDraft:
+    """A DFlash / DSpark drafter on one engine (see the module docstring)."""
+
     def __init__(
         self,
         e: Engine,
@@ -76,14 +110,18 @@ class DflashDraft(BatchApi):
         # the kernel choices a run forced (the dispatch table's by default)
         self.policy = policy
         self.device, self.stream_ptr = e.ordinal, e.stream.ptr  # buffers ordered on it
+        self.net = DraftNetwork(cfg, layers, fc, hidden_norm, norm, precision, policy)
         with e.ordered():
             self._buf = RoundBuffers(e, cfg, layers[0], policy=policy)
-            self._init_draft_api(e, markov, confidence)
-        # forward_round replays one captured CUDA graph per DflashKv (see forward_round)
+            self._step = DraftStep(e, cfg, markov, confidence, vocab_map)
+        # replay rounds, proposals, commits and batched rounds as captured graphs
         self.cuda_graphs = cuda_graphs
-        self._graphs: weakref.WeakKeyDictionary[DflashKv, Any] = weakref.WeakKeyDictionary()
-        # batched rounds: per DflashBatchKv its buffers and graphs (pydflash.draft.batch)
-        self._batch_rounds = weakref.WeakKeyDictionary()
+        self._graphs = GraphCache(cuda_graphs)
+        self._commit: CommitStage | None = None  # commit's staging, made on first use
+        # batched rounds: per DflashBatchKv its buffers
+        self._batch_rounds: weakref.WeakKeyDictionary[DflashBatchKv, PoolRounds] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
@@ -139,6 +177,18 @@ class DflashDraft(BatchApi):
         d2t = None if self.vocab_map is None else self.vocab_map[0]
         return host_weights(self.cfg, *parts, d2t, self.mask_rows)
 
+    @property
+    def kv_dtype(self) -> str:
+        """The K/V storage of this drafter's caches by default: f32 for the f32 (parity)
+        precision, bf16 for the others (pydflash.draft.kv)."""
+        return "f32" if self.precision == "f32" else "bf16"
+
+    def new_kv(
+        self, e: Engine, cap: int, dtype: str | None = None, *, rings: bool = True
+    ) -> DflashKv:
+        """A DflashKv for this drafter: `dtype` None = kv_dtype; rings (pydflash.draft.kv)."""
+        return DflashKv(e, self.cfg, cap, self.kv_dtype if dtype is None else dtype, rings=rings)
+
     def _check(self, e: Engine, kv: DflashKv | None = None) -> None:
         checks.same_engine(e, self.device, self.stream_ptr)
         if kv is not None:
@@ -161,58 +211,8 @@ class DflashDraft(BatchApi):
                     round_path = linear.choose("round", self.fc.fmt, t, e.caps, k=c.tap_width)
                     choice = linear.Choice("gemm") if big else round_path
                 ks = 1 if choice.kernel == "gemm" else linear.k_splits(e, self.fc)
-                self._features_kernels(e, x, t, out, e.empty(ks * t * c.hidden), choice)
+                self.net.features(e, x, t, out, e.empty(ks * t * c.hidden), choice)
             return out
-
-    def _features_kernels(
-        self, e: Engine, x: Any, t: int, out: Any, part: Any, choice: linear.Choice
-    ) -> None:
-        """hidden_norm(fc(x)) of t rows into out by `choice`, through `part` (>= ks * t *
-        hidden floats)."""
-        c = self.cfg
-        ks = 1 if choice.kernel == "gemm" else linear.k_splits(e, self.fc)
-        part = part[: ks * t * c.hidden].reshape(ks, t, c.hidden)
-        linear.project_rows(e, choice, self.fc, x, t, part, ks, t * c.hidden)
-        norm.residual_rms_norm(
-            e,
-            out,
-            self.hidden_norm,
-            t,
-            c.hidden,
-            c.eps,
-            part=part,
-            n_split=ks,
-            split_stride=t * c.hidden,
-        )
-
-    def forward(
-        self, e: Engine, target_hidden: Any, noise_emb: Any, pos: Sequence[int] | Any, ctx: int
-    ) -> Any:
-        """Raw taps of ctx rows + block embeddings -> normed block hidden [b, hidden]."""
-        checks.require_runtime(e)
-        with e.ordered():
-            c = self.cfg
-            checks.f32_rows(e, noise_emb, "noise_emb", c.block_size, c.hidden)
-            checks.check_len(pos, "pos", checks.count(ctx, "ctx") + c.block_size)
-            feats = self.ctx_features(e, target_hidden, ctx)
-            return self.forward_block(e, feats, noise_emb, pos, ctx)
-
-    def forward_block(
-        self, e: Engine, ctx_f: Any, noise_emb: Any, pos: Sequence[int] | Any, ctx: int
-    ) -> Any:
-        """Block forward over precomputed ctx features; pos = ctx positions then block ones.
-        The ctx rows go through a temporary DflashKv: the same kernels as ingest + round."""
-        checks.require_runtime(e)
-        with e.ordered():
-            self._check(e)
-            c = self.cfg
-            feats = checks.f32_rows(e, ctx_f, "ctx_f", checks.count(ctx, "ctx"), c.hidden)
-            checks.f32_rows(e, noise_emb, "noise_emb", c.block_size, c.hidden)
-            checks.check_len(pos, "pos", ctx + c.block_size)
-            # rings where the positions allow them (ingest + round on a KV of rings), else not
-            kv = self.new_kv(e, ctx, rings=positions_ringable(pos, ctx))
-            self.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
-            return self._round(e, kv, noise_emb, pos[ctx:], None, capture=False)
 
     def ingest_ctx(
         self, e: Engine, kv: DflashKv, feats: Any, pos_new: Sequence[int] | Any, t: int
@@ -223,93 +223,13 @@ class DflashDraft(BatchApi):
         checks.require_runtime(e)
         with e.ordered():
             self._check(e, kv)
-            c, buf = self.cfg, self._buf
+            c = self.cfg
             f = checks.f32_rows(e, feats, "feats", checks.count(t, "t"), c.hidden)
             kv.check_room(t, "ingest_ctx")
             start = kv.len
             kv.write_positions(e, pos_new, start, t, "pos_new")  # validates, then writes
-            # a ring keeps the last ring_rows rows of a long ingest: rows below are not written
-            rings = [kv.layer_ring(li, c) for li in range(c.n_layer)]
-            keep = [start + t - r if r else 0 for r in rings]
-            # many rows: the tiled GEMM over all of kv_part (sm_90 bf16: hi and lo partials);
-            # else the decode linear's split-K partials, INGEST_CHUNK rows a launch
-            kvs: list = [la.kv for la in self.layers]
-            plan = linear.ingest_plan(e, kvs, t, buf.kv_part, buf.ks_kv, buf.kv_xb, self.policy)
-            ks, stride, xb = plan.ks, plan.stride, plan.xb
-            holds = None  # the layers of a chunk share one hi / lo split of its rows in xb
-            for r0 in range(0, t, plan.chunk):
-                m, row = min(plan.chunk, t - r0), start + r0
-                for li, layer in enumerate(self.layers):
-                    if row + m <= keep[li]:
-                        continue  # every row of this chunk is overwritten later in the ring
-                    x = f[r0 : r0 + m]
-                    holds = linear.project_rows(
-                        e, plan.choice, layer.kv, x, m, buf.kv_part, ks, stride, xb, holds
-                    )
-                    qkv_rope.qkv_norm_rope(
-                        e,
-                        buf.kv_part,
-                        buf.kv_part.shape[-1],
-                        m,
-                        0,
-                        c.n_kv,
-                        c.head_dim,
-                        kv.pos[row:],
-                        buf.inv_freq[li],
-                        c.eps,
-                        n_split=ks,
-                        split_stride=stride,
-                        bias=layer.kv_bias,
-                        k_out=kv.k[li],
-                        v_out=kv.v[li],
-                        k_norm=layer.k_norm,
-                        rope_factor=buf.rope_factor[li],
-                        row0=row,
-                        ring=rings[li],
-                        keep_from=keep[li],
-                        interleaved=c.rope_interleaved,
-                    )
+            self.net.ingest(e, kv, f, start, t, self._buf)
             kv.commit(t)
-
-    def _commit_kernels(self, e: Engine, kv: DflashKv, t: int, staged: Any) -> None:
-        """commit's t rows (t <= COMMIT_GRAPH_ROWS) with nothing read on the host: the taps,
-        the base row and the positions come from `staged` (round_api.CommitStage), so one
-        captured graph per (kv, t) serves every len. The same kernels and arithmetic as
-        ctx_features + ingest_ctx of t rows (the decode linears: t is below the GEMM's
-        rows), the base row read on the device."""
-        c, buf = self.cfg, self._buf
-        feats = staged.feats[:t]
-        features = linear.features_choice(e, self.fc, t)  # the decode linear at these rows
-        self._features_kernels(e, staged.taps[:t], t, feats, staged.part, features)
-        base, pos = staged.state[:1], staged.state[1 : 1 + t]
-        scatter_block_pos(e, kv.pos, base, pos, t)
-        ks, stride = buf.ks_kv, buf.kv_part.shape[1] * buf.kv_part.shape[-1]
-        kvs: list = [la.kv for la in self.layers]
-        plan = linear.ingest_plan(e, kvs, t, buf.kv_part, ks, None)  # the decode linear here
-        for li, layer in enumerate(self.layers):
-            linear.project_rows(e, plan.choice, layer.kv, feats, t, buf.kv_part, ks, stride)
-            qkv_rope.qkv_norm_rope(
-                e,
-                buf.kv_part,
-                buf.kv_part.shape[-1],
-                t,
-                0,
-                c.n_kv,
-                c.head_dim,
-                pos,
-                buf.inv_freq[li],
-                c.eps,
-                n_split=ks,
-                split_stride=stride,
-                bias=layer.kv_bias,
-                k_out=kv.k[li],
-                v_out=kv.v[li],
-                k_norm=layer.k_norm,
-                rope_factor=buf.rope_factor[li],
-                row_base=base,
-                ring=kv.layer_ring(li, c),
-                interleaved=c.rope_interleaved,
-            )
 
     def forward_round(
         self,
@@ -343,141 +263,536 @@ class DflashDraft(BatchApi):
         out = checks.out_rows(e, out, "out", c.block_size, c.hidden)
         kv.write_round_state(e, pos_block, "pos_block")  # validates, then writes
         buf.noise[...] = noise
-        graph = self._graphs.get(kv) if capture else None
-        if graph is not None:
-            graph.launch(e.stream)
-        else:
-            self._round_kernels(e, kv)
-            if capture:  # the eager run above compiled and configured every kernel
-                # captured on the engine's private capture stream (the engine stream may be
-                # the legacy default stream, where capture is illegal); launched on e.stream
-                with e.capture_stream:
-                    e.capture_stream.begin_capture()
-                    try:
-                        self._round_kernels(e, kv)
-                    finally:
-                        graph = e.capture_stream.end_capture()
-                self._graphs[kv] = graph
+        self._graphs.run(e, kv, ("round",), lambda: self.net.round(e, kv, buf), capture=capture)
         out[...] = buf.out
         return out
 
-    def _round_kernels(self, e: Engine, kv: Any, batch: BatchRound | None = None) -> None:
-        """Every launch of a round over one DflashKv, or a bucket of sequences of a DflashBatchKv
-        (one more grid dimension, blocks stacked as rows; pydflash.draft.batch). Nothing here
-        depends on a len on the host."""
-        c, b, h = self.cfg, self.cfg.block_size, self.cfg.hidden
-        seqs: Callable[[int], Seqs | None] = lambda li: None  # one sequence: no grid dim
-        project: Callable[..., None]
-        xn_b = attn_b = None  # bf16 copies of xn / attn for the bf16-activation GEMMs
-        if batch is None:
-            buf, m, state, project = self._buf, b, kv.round_state, linear.project
-        else:
-            buf, m, state, seqs = batch.buf, batch.n * b, batch.state, batch.seqs
-            project = batch.project  # linear.project, or gemm_bf16act's with bf16 activations
-            xn_b, attn_b = batch.xn_b, batch.attn_b
-        length, pos = state[:1], state[1:]  # a sequence's [len, block positions...]
-        qkv_stride, x_stride = m * buf.qkv_part.shape[2], m * h
-        scatter_block_pos(e, kv.pos, length, pos, b, seqs(0))
-        # x = noise_emb (the residual stream); xn = input_layernorm of layer 0
-        norm.residual_rms_norm(
+    def forward_block(
+        self, e: Engine, ctx_f: Any, noise_emb: Any, pos: Sequence[int] | Any, ctx: int
+    ) -> Any:
+        """Block forward over precomputed ctx features; pos = ctx positions then block ones.
+        The ctx rows go through a temporary DflashKv: the same kernels as ingest + round."""
+        checks.require_runtime(e)
+        with e.ordered():
+            self._check(e)
+            c = self.cfg
+            feats = checks.f32_rows(e, ctx_f, "ctx_f", checks.count(ctx, "ctx"), c.hidden)
+            checks.f32_rows(e, noise_emb, "noise_emb", c.block_size, c.hidden)
+            checks.check_len(pos, "pos", ctx + c.block_size)
+            # rings where the positions allow them (ingest + round on a KV of rings), else not
+            kv = self.new_kv(e, ctx, rings=positions_ringable(pos, ctx))
+            self.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
+            return self._round(e, kv, noise_emb, pos[ctx:], None, capture=False)
+
+    def forward(
+        self, e: Engine, target_hidden: Any, noise_emb: Any, pos: Sequence[int] | Any, ctx: int
+    ) -> Any:
+        """Raw taps of ctx rows + block embeddings -> normed block hidden [b, hidden]."""
+        checks.require_runtime(e)
+        with e.ordered():
+            c = self.cfg
+            checks.f32_rows(e, noise_emb, "noise_emb", c.block_size, c.hidden)
+            checks.check_len(pos, "pos", checks.count(ctx, "ctx") + c.block_size)
+            feats = self.ctx_features(e, target_hidden, ctx)
+            return self.forward_block(e, feats, noise_emb, pos, ctx)
+
+    # -- the draft step ----------------------------------------------------------------------
+    def draft(
+        self,
+        e: Engine,
+        hidden: Any,
+        lm_head: GpuTensor | Any | None,
+        last: Any,
+        *,
+        temperature: float = 0.0,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
+        want_probs: bool = False,
+    ) -> Proposal:
+        """The draft step over block hidden rows [b, hidden] (forward_round's output):
+        greedy (temperature 0) or sampled from softmax((capped logits + Markov bias) / T) with
+        the chain fed the sampled token; the logits are lm_head . h * output_multiplier,
+        soft-capped by logit_softcap (both FROM_CONFIG: the checkpoint's
+        output_multiplier * logit_scale and final_logit_softcapping; None: no cap). `last` is
+        the token before the first draft row (a host int or a device int32 [1]); lm_head None
+        uses the checkpoint's copy. Returns a Proposal (tokens, q, probs when want_probs,
+        confidence / survival with a confidence head). Sampling draws from the drafter's
+        Philox (seed, offset) and advances the offset."""
+        checks.require_runtime(e)
+        with e.ordered():
+            self._check(e)
+            c, step = self.cfg, self._step
+            h = checks.f32_rows(e, hidden, "hidden", c.block_size, c.hidden)
+            lm = self._draft_lm_head(e, lm_head)
+            t, cap, mult = check_options(c, temperature, logit_softcap, output_multiplier)
+            want = check_flag(want_probs, "want_probs")
+            first = check_last(e, last, self._last_vocab(lm))
+            step.stage(e, first, t, cap, 1.0, mult)
+            step.run(e, h, lm, want)
+            return step.result(lm.out_features, want)
+
+    def draft_tokens(
+        self,
+        e: Engine,
+        hidden: Any,
+        lm_head: GpuTensor | Any | None,
+        last: Any,
+        *,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
+    ) -> Any:
+        """Greedy draft tokens (device int32 [n_drafts]) for the layout's draft rows (bonus-
+        anchor: rows 1..b-1): argmax of lm_head(hidden row) plus, with a Markov head, the
+        left-to-right chain bias W2 . W1[prev] (prev of the first row = `last`). The tokens of
+        `draft(...)` at temperature 0."""
+        return self.draft(
             e,
-            buf.xn,
-            self.layers[0].input_layernorm,
-            m,
-            h,
-            c.eps,
-            resid_in=buf.noise,
-            resid_out=buf.x,
-            out_b=xn_b,
+            hidden,
+            lm_head,
+            last,
+            logit_softcap=logit_softcap,
+            output_multiplier=output_multiplier,
+        ).tokens
+
+    def _last_vocab(self, lm: GpuTensor) -> int:
+        """The ids `last` may take: the lm_head's rows, or the target's vocabulary for a trimmed
+        vocabulary's own head (last is a target id)."""
+        if self._step.trimmed(lm) and self.cfg.vocab_size is not None:
+            return self.cfg.vocab_size
+        return lm.out_features
+
+    def _draft_lm_head(self, e: Engine, lm_head: Any) -> GpuTensor:
+        lm = resolve_lm_head(e, lm_head, self.lm_head, self.cfg.hidden)
+        mk = self._step.markov
+        if mk is not None and mk.w2.out_features != lm.out_features:
+            raise ShapeError(
+                f"lm_head: vocabulary {lm.out_features} != Markov head vocabulary "
+                f"{mk.w2.out_features}"
+            )
+        return lm
+
+    def set_rng(self, e: Engine, seed: int, offset: int = 0) -> None:
+        """Set the Philox key (a 64-bit seed) and counter offset of the sampled draft steps
+        (queued in stream order; pydflash.philox reproduces the uniforms on the host)."""
+        checks.require_runtime(e)
+        seed, offset = philox.check_seed(seed, "seed"), philox.check_seed(offset, "offset")
+        with e.ordered():
+            self._check(e)
+            self._step.set_rng(e, seed, offset)
+
+    def rng_state(self, e: Engine) -> tuple[int, int]:
+        """(seed, offset) after the queued work (reads the device: a host synchronisation)."""
+        checks.require_runtime(e)
+        with e.ordered():
+            self._check(e)
+            return philox.from_words(self._step.rng.get(stream=e.stream))
+
+    # -- one round ----------------------------------------------------------------------------
+    def propose(
+        self,
+        e: Engine,
+        kv: DflashKv,
+        last: Any,
+        start: int,
+        embed: GpuTensor | Any | None,
+        lm_head: GpuTensor | Any | None = None,
+        *,
+        temperature: float = 0.0,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
+        embed_scale: float = FROM_CONFIG,
+        want_probs: bool = False,
+    ) -> Proposal:
+        """One round: noise = embed[[last, mask_token_id x (b-1)]] * embed_scale (`embed` the
+        target's raw table [V, hidden], f32 or bf16 bits, wrapped without a copy; None: the
+        checkpoint's copy; a learned mask_embedding.pt replaces the MASK rows),
+        forward_round over kv at positions start..start+b-1, then the draft step (see
+        `draft`). `last` is a host int or a device int32 [1]. embed_scale FROM_CONFIG is the
+        checkpoint's input_embedding_scale (DflashCfg: the config's key, else a known
+        drafter's, e.g. z-lab/gemma-4-31B-it-DFlash's bf16(sqrt(5376)) = 73.5, else 1).
+
+        Everything after the checks is one captured CUDA graph per (kv, embed, lm_head,
+        want_probs) (the first call of a key runs the kernels, then captures them): last,
+        kv.len, the positions, T, the cap, the scale and the Philox offset are read on the
+        device, the offset advanced there; the host only stages those values. Returns new
+        arrays (copies of the drafter's buffers)."""
+        checks.require_runtime(e)
+        with e.ordered():
+            self._check(e, kv)
+            c, step = self.cfg, self._step
+            table = self._embed_table(e, embed)
+            lm = self._draft_lm_head(e, lm_head)
+            t, cap, mult = check_options(c, temperature, logit_softcap, output_multiplier)
+            scale = checks.embed_scale(c, embed_scale)
+            want = check_flag(want_probs, "want_probs")
+            vocab = min(table.shape[0], self._last_vocab(lm))
+            first = check_last(e, last, vocab)
+            start = checks.count(start, "start")
+            if start + c.block_size > checks.INT32_MAX:
+                raise ShapeError(f"start: positions {start}+{c.block_size} exceed int32")
+            # allocated outside any capture, and before any state changes (may raise DeviceError)
+            step.workspace(e, lm.out_features, want)
+            # validated: from here on state changes
+            kv.write_round_state(e, np.arange(start, start + c.block_size), "start")
+            step.stage(e, first, t, cap, scale, mult)
+            scales = None if lm.scales is None else array_identity(lm.scales)
+            key = (array_identity(table), (lm.fmt, array_identity(lm.data), scales), want)
+            self._graphs.run(
+                e,
+                kv,
+                ("propose", *key),
+                lambda: self._propose_kernels(e, kv, table, lm, want),
+                limit=MAX_PROPOSE_GRAPHS,
+            )
+            return step.result(lm.out_features, want)
+
+    def _propose_kernels(
+        self, e: Engine, kv: DflashKv, table: Any, lm: GpuTensor, want_probs: bool
+    ) -> None:
+        """Every launch of a propose; nothing here reads a per-call value on the host."""
+        step, buf = self._step, self._buf
+        elementwise.block_embed(
+            e,
+            table,
+            step.ids[:1],
+            self.cfg.mask_token_id,
+            step.params[2:3],
+            buf.noise,
+            self.cfg.block_size,
+            self.mask_rows,
         )
-        for li, layer in enumerate(self.layers):
-            project(
-                e, layer.qkv, buf.xn, m, buf.qkv_part, ksplit=buf.ks_qkv, split_stride=qkv_stride
+        self.net.round(e, kv, buf)
+        step.run(e, buf.out, lm, want_probs)
+
+    def _embed_table(self, e: Engine, embed: Any) -> Any:
+        """The embedding table as a device matrix [V, hidden] of bf16 bits or f32."""
+        if embed is None:
+            if self.embed is None:
+                raise ShapeError("embed: none given and the checkpoint carries none")
+            tab = self.embed
+        else:
+            tab = embed if isinstance(embed, GpuTensor) else wrap_named(e, embed, "embed")
+        if tab.fmt not in ("bf16", "f32"):
+            raise ShapeError(f"embed: must be bf16 or f32, found {tab.fmt}")
+        if tab.in_features != self.cfg.hidden:
+            raise ShapeError(
+                f"embed: expected [V, {self.cfg.hidden}], found "
+                f"[{tab.out_features}, {tab.in_features}]"
             )
-            # q heads -> buf.q; block K/V -> the scratch rows at len (read on the device)
-            qkv_rope.qkv_norm_rope(
-                e,
-                buf.qkv_part,
-                buf.qkv_part.shape[2],
-                b,
-                c.n_head,
-                c.n_kv,
-                c.head_dim,
-                pos,
-                buf.inv_freq[li],
-                c.eps,
-                n_split=buf.ks_qkv,
-                split_stride=qkv_stride,
-                bias=layer.qkv_bias,
-                q_out=buf.q,
-                q_norm=layer.q_norm,
-                k_out=kv.k[li],
-                v_out=kv.v[li],
-                k_norm=layer.k_norm,
-                row_base=length,
-                rope_factor=buf.rope_factor[li],
-                ring=kv.layer_ring(li, c),
-                seqs=seqs(li),
-                interleaved=c.rope_interleaved,
+        if not self.cfg.mask_token_id < tab.out_features:
+            raise ShapeError(
+                f"embed: mask_token_id {self.cfg.mask_token_id} is not a row of the "
+                f"[{tab.out_features}, {tab.in_features}] table"
             )
-            attention.attend(
-                e,
-                buf.q,
-                kv.k[li],
-                kv.v[li],
-                pos,
-                kv.pos,
-                b,
-                b,
-                c.n_head,
-                c.n_kv,
-                c.head_dim,
-                layer.window or 0,
-                buf.attn,
-                buf.att,
-                n_keys_base=length,
-                max_keys=kv.cap + b,
-                exact=self.precision == "f32",
-                causal=c.causal_of(li),
-                ring=kv.layer_ring(li, c),
-                key_window=kv.layer_keys(li, c),
-                seqs=seqs(li),
-                rounded=batch is not None and batch.scratch is not None,  # bf16 activations
-                out_b=attn_b,
-                sink=layer.sink,
+        return tab.data
+
+    def commit(
+        self,
+        e: Engine,
+        kv: DflashKv,
+        taps: Any,
+        positions: Any,
+        t: int,
+        *,
+        rollback_to: int | None = None,
+    ) -> None:
+        """The accepted rows' taps [t, n_taps * tap_hidden] at their absolute positions (host ints
+        or a device int32 [t]) become committed ctx rows: ctx_features + ingest_ctx, after
+        rolling kv.len back to `rollback_to` (discarding the rows after it) when given.
+        Everything is checked before anything changes."""
+        checks.require_runtime(e)
+        with e.ordered():
+            self._check(e, kv)
+            c = self.cfg
+            t = checks.count(t, "t")
+            x = checks.f32_rows(e, taps, "taps", t, c.tap_width)
+            if checks.is_device_array(positions):
+                checks.int32_ids(e, positions, "positions", t)
+            elif checks.host_int32(positions, "positions").size != t:
+                raise ShapeError(
+                    f"positions: expected {t} positions, found {checks.length_of(positions)}"
+                )
+            base = kv.len
+            if rollback_to is not None:
+                base = checks.count(rollback_to, "rollback_to")
+                if base > kv.len:
+                    raise CapacityError(
+                        f"rollback_to: {base} is past len {kv.len} (commit only rolls back)"
+                    )
+                kv.check_rollback(base, "rollback_to")  # what the rings still hold
+            host_pos = kv.check_positions_arg(e, positions, t, "positions", base)  # rings' order
+            if base + t > kv.cap:
+                raise CapacityError(f"commit: {t} rows at len {base} exceed cap {kv.cap}")
+            # replayed when no row of the call overwrites another in a ring (a round's
+            # accepted rows never do: a ring holds W - 1 + 2 * block rows)
+            replay = 0 < t <= COMMIT_GRAPH_ROWS and (not kv.ring_rows or t <= kv.ring_rows)
+            if self.cuda_graphs and replay:
+                stage = self._commit_stage(e)  # allocates once (a failure changes nothing)
+                if rollback_to is not None:
+                    kv.len = base
+                self._commit_replayed(e, kv, stage, x, host_pos, t)
+                return
+            # the features first: they allocate (a failure leaves len where it was)
+            feats = self.ctx_features(e, x, t) if t else None
+            if rollback_to is not None:
+                kv.len = base
+            if t:
+                self.ingest_ctx(e, kv, feats, positions, t)
+
+    def _commit_stage(self, e: Engine) -> CommitStage:
+        if self._commit is None:
+            c = self.cfg
+            ks = linear.k_splits(e, self.fc)
+            rows = COMMIT_GRAPH_ROWS
+            with e.allocating(4 * rows * (c.tap_width + (ks + 1) * c.hidden + 2), "commit"):
+                self._commit = CommitStage(
+                    taps=e.empty((rows, c.tap_width)),
+                    feats=e.empty((rows, c.hidden)),
+                    part=e.empty(ks * rows * c.hidden),
+                    state=e.empty(1 + rows, np.int32),
+                )
+        return self._commit
+
+    def _commit_replayed(
+        self, e: Engine, kv: DflashKv, stage: CommitStage, x: Any, host_pos: Any, t: int
+    ) -> None:
+        """commit's t rows through one captured graph per (kv, t): the taps copied into the
+        stage, [len, positions] staged in one copy, the graph launched; the host keeps the
+        KV's bookkeeping (the same rows as ctx_features + ingest_ctx, bit for bit)."""
+        base = kv.len
+        stage.taps[:t] = x  # a device copy on the engine stream
+        if isinstance(host_pos, np.ndarray):
+            words = np.concatenate([[base], host_pos]).astype(np.int32)
+            e.copy_from_host(stage.state[: 1 + t], words)
+        else:  # device positions (rings=False): checked int32 [t]
+            e.copy_from_host(stage.state[:1], np.array([base], np.int32))
+            stage.state[1 : 1 + t] = host_pos
+        # at most COMMIT_GRAPH_ROWS graphs a KV (one per row count)
+        self._graphs.run(
+            e, kv, ("commit", t), lambda: self.net.commit_rows(e, kv, t, stage, self._buf)
+        )
+        if isinstance(host_pos, np.ndarray):
+            kv.record_positions(host_pos, base)
+        kv.commit(t)
+
+    # -- batched drafting over a DflashBatchKv -------------------------------------------------
+    def new_batch_kv(
+        self, e: Engine, slots: int, cap: int, dtype: str | None = None, *, rings: bool = True
+    ) -> DflashBatchKv:
+        """A pool of `slots` sequence caches of capacity `cap` for this drafter (dtype None =
+        kv_dtype; rings as DflashKv)."""
+        return DflashBatchKv(
+            e, self.cfg, slots, cap, self.kv_dtype if dtype is None else dtype, rings=rings
+        )
+
+    def _check_pool(self, e: Engine, pool: Any) -> DflashBatchKv:
+        if not isinstance(pool, DflashBatchKv):
+            raise ShapeError(f"pool: expected a DflashBatchKv, found {type(pool).__name__}")
+        self._check(e)  # e is the drafter's engine: the pool must be made on it too
+        checks.kv_usable(pool, self.cfg, e.ordinal, e.stream.ptr, "pool")
+        return pool
+
+    # -- ctx rows ------------------------------------------------------------------------------
+    def ingest_batch(
+        self,
+        e: Engine,
+        pool: DflashBatchKv,
+        slots: Sequence[int],
+        feats: Any,
+        pos: Any,
+        counts: Any,
+    ) -> None:
+        """Append ragged ctx rows to several sequences: feats [sum(counts), hidden] stacked in
+        slot order, pos their absolute positions (host ints, the same order), counts[i] rows
+        for slots[i]. Every check (slots, shapes, room, the rings' order) comes first."""
+        checks.require_runtime(e)
+        with e.ordered():
+            pool = self._check_pool(e, pool)
+            ids, cnt, per = pool.check_ragged(slots, pos, counts)
+            f = checks.f32_rows(e, feats, "feats", sum(cnt), self.cfg.hidden)
+            at = 0
+            for s, t, p in zip(ids, cnt, per):
+                if t:
+                    self.ingest_ctx(e, pool.slot(s), f[at : at + t], p, t)
+                at += t
+
+    def commit_batch(
+        self,
+        e: Engine,
+        pool: DflashBatchKv,
+        slots: Sequence[int],
+        taps: Any,
+        pos: Any,
+        counts: Any,
+        *,
+        rollback_to: Sequence[int | None] | None = None,
+    ) -> None:
+        """The accepted rows' taps of several sequences (stacked [sum(counts), n_taps * tap_hidden]
+        in slot order) become their ctx rows: one ctx_features pass over every row, then each
+        sequence's ingest at its len, after rolling it back to rollback_to[i] when given (None
+        for a sequence that keeps its len). All checks first."""
+        checks.require_runtime(e)
+        with e.ordered():
+            pool = self._check_pool(e, pool)
+            ids = pool.check_slots(slots)
+            back = pool.check_rollbacks(ids, rollback_to)
+            ids, cnt, per = pool.check_ragged(ids, pos, counts, back)
+            c = self.cfg
+            total = sum(cnt)
+            x = checks.f32_rows(e, taps, "taps", total, c.tap_width)
+            # The features as each sequence's own commit computes them: when every sequence
+            # takes the decode linear (fewer than linear.GEMM_ROWS rows), one pass over all rows
+            # on that path (its rows do not depend on the row count), else a pass per sequence.
+            # They come before the roll-backs: they allocate, a failure changes nothing.
+            feats: list[Any] = []
+            gemm_rows = any(linear.features_choice(e, self.fc, t).kernel == "gemm" for t in cnt)
+            if total and not gemm_rows:
+                every = self.ctx_features(e, x, total, big=False)
+                at = 0
+                for t in cnt:
+                    feats.append(every[at : at + t])
+                    at += t
+            else:
+                at = 0
+                for t in cnt:
+                    feats.append(self.ctx_features(e, x[at : at + t], t) if t else None)
+                    at += t
+            for s, r in zip(ids, back):  # validated: from here on state changes
+                if r is not None:
+                    pool.slot(s).len = r
+            for s, t, p, f in zip(ids, cnt, per, feats):
+                if t:
+                    self.ingest_ctx(e, pool.slot(s), f, p, t)
+
+    # -- one batched round ---------------------------------------------------------------------
+    def forward_round_batch(
+        self,
+        e: Engine,
+        pool: DflashBatchKv,
+        slots: Sequence[int],
+        noise_emb: Any,
+        pos_blocks: Any,
+        *,
+        out: Any = None,
+        activations: str = "f32",
+    ) -> Any:
+        """One round over B = len(slots) sequences: noise_emb [B, b, hidden] (or [B*b,
+        hidden]), pos_blocks [B, b] host ints (each sequence's block positions; after its
+        last committed row when its sliding layers keep rings). Returns [B, b, hidden]
+        (`out` if given). activations: "f32" (each sequence equals its single round bit for
+        bit) or "bf16" (the bf16 linears of buckets of >= linear.dispatch.BF16ACT_ROWS rows round
+        their activations to bf16: much faster at large B, equal to rounding). See the
+        module docstring."""
+        checks.require_runtime(e)
+        with e.ordered():
+            pool = self._check_pool(e, pool)
+            ids = pool.check_slots(slots)
+            if activations not in ("f32", "bf16"):
+                raise ShapeError(f'activations: expected "f32" or "bf16", found {activations!r}')
+            c, b, n = self.cfg, self.cfg.block_size, len(ids)
+            noise = checks.f32_rows(e, noise_emb, "noise_emb", n * b, c.hidden)
+            res = checks.out_rows(e, out, "out", n * b, c.hidden)  # a view of the caller's
+            if checks.is_device_array(pos_blocks):
+                raise ShapeError("pos_blocks: expected host positions [B, b]")
+            p = checks.host_int32(pos_blocks, "pos_blocks")
+            if p.size != n * b:
+                raise ShapeError(f"pos_blocks: expected {n} x {b} positions, found {p.size}")
+            p = p.reshape(n, b)
+            views = [pool.slot(s) for s in ids]
+            for s, kv, row in zip(ids, views, p):
+                kv.check_block_positions(row, f"pos_blocks (slot {s})")
+            rounds = self._pool_rounds(e, pool)  # allocated before anything is written
+            if activations == "bf16":
+                rounds.allocate_scratch(e)
+            size = bucket(n)
+            host = np.zeros(rounds.io.size, np.int32)
+            st = host[: size * rounds.ld].reshape(size, rounds.ld)
+            st[:n, 0] = [kv.len for kv in views]
+            st[:n, 1:] = p
+            table = host[rounds.cap * rounds.ld : rounds.cap * rounds.ld + size]
+            table[:] = -1  # padding sequences: skipped by the kernels
+            table[:n] = ids
+            # validated: from here on state changes
+            e.copy_from_host(rounds.io, host)
+            for kv in views:
+                kv.round_written()  # the block K/V overwrite the rings' oldest slots
+            br = rounds.round(size, pool, activations)
+            br.buf.noise[: n * b] = noise
+            key = ("batch", size, activations)
+            self._graphs.run(e, pool, key, lambda: self.net.round(e, pool, self._buf, br))
+            res[...] = br.buf.out[: n * b]
+            return res.reshape(n, b, c.hidden) if out is None else out
+
+    def _pool_rounds(self, e: Engine, pool: DflashBatchKv) -> PoolRounds:
+        rounds = self._batch_rounds.get(pool)
+        if rounds is None:
+            rounds = self._batch_rounds[pool] = PoolRounds(
+                e, self.cfg, self.layers[0], pool, self.policy
             )
-            # x += o(attn) + o_bias; xn = post_attention_layernorm(x)
-            project(e, layer.o, buf.attn, m, buf.x_part, ksplit=buf.ks_o, split_stride=x_stride)
-            norm.residual_rms_norm(
-                e,
-                buf.xn,
-                layer.post_attention_layernorm,
-                m,
-                h,
-                c.eps,
-                resid_in=buf.x,
-                part=buf.x_part,
-                n_split=buf.ks_o,
-                split_stride=x_stride,
-                bias=layer.o_bias,
-                resid_out=buf.x,
-                out_b=xn_b,
-            )
-            project(e, layer.gate_up, buf.xn, m, buf.ff, "silu_mul")
-            # x += down(ff); xn = the next layer's input_layernorm(x), or the final norm
-            project(e, layer.down, buf.ff, m, buf.x_part, ksplit=buf.ks_down, split_stride=x_stride)
-            last = li + 1 == len(self.layers)
-            norm.residual_rms_norm(
-                e,
-                buf.out if last else buf.xn,
-                self.norm if last else self.layers[li + 1].input_layernorm,
-                m,
-                h,
-                c.eps,
-                resid_in=buf.x,
-                part=buf.x_part,
-                n_split=buf.ks_down,
-                split_stride=x_stride,
-                resid_out=buf.x,
-                out_b=None if last else xn_b,
-            )
+        return rounds
+
+    # -- the draft step ------------------------------------------------------------------------
+    def draft_batch(
+        self,
+        e: Engine,
+        hidden: Any,
+        lm_head: Any,
+        lasts: Any,
+        *,
+        temperature: float = 0.0,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
+        want_probs: bool = False,
+    ) -> list[Proposal]:
+        """The draft step of each sequence of a batched round: hidden [B, b, hidden]
+        (forward_round_batch's output), lasts B tokens (host ints or a device int32 [B]);
+        sequence i draws at the drafter's Philox offset + i (module docstring)."""
+        checks.require_runtime(e)
+        with e.ordered():
+            self._check(e)
+            c = self.cfg
+            shape = getattr(hidden, "shape", None)
+            per_seq = c.block_size * c.hidden
+            size = int(np.prod(shape)) if checks.is_device_array(hidden) and shape else 0
+            if not size or size % per_seq:
+                raise ShapeError(
+                    f"hidden: expected a device array [B, {c.block_size}, {c.hidden}], found "
+                    f"{shape if shape is not None else type(hidden).__name__}"
+                )
+            n = size // per_seq
+            if not 1 <= n <= MAX_BATCH:
+                raise CapacityError(f"hidden: {n} sequences; a batch takes 1 to {MAX_BATCH}")
+            rows = checks.f32_rows(e, hidden, "hidden", n * c.block_size, c.hidden)
+            lm = self._draft_lm_head(e, lm_head)
+            check_options(c, temperature, logit_softcap, output_multiplier)
+            check_flag(want_probs, "want_probs")
+            if checks.is_device_array(lasts):
+                last = checks.int32_ids(e, lasts, "lasts", n)
+                items: list[Any] = [last[i : i + 1] for i in range(n)]
+            else:
+                host = checks.host_int32(lasts, "lasts")
+                if host.size != n:
+                    raise ShapeError(f"lasts: expected {n} tokens, found {host.size}")
+                items = [int(t) for t in host]
+                for t in items:  # every check before the first step runs
+                    check_last(e, t, self._last_vocab(lm))
+            b, want = c.block_size, bool(want_probs)
+            # every allocation before the first step (a failure must not leave the offset
+            # advanced for some sequences): the workspace, and room for the n results
+            self._step.workspace(e, lm.out_features, want)
+            nd = len(c.draft_rows())
+            result_bytes = n * 4 * ((4 * nd + 1) + (nd * lm.out_features if want else 0))
+            with e.allocating(result_bytes, f"draft_batch results of {n} sequences"):
+                return [
+                    self.draft(
+                        e,
+                        rows[i * b : (i + 1) * b],
+                        lm,
+                        items[i],
+                        temperature=temperature,
+                        logit_softcap=logit_softcap,
+                        output_multiplier=output_multiplier,
+                        want_probs=want_probs,
+                    )
+                    for i in range(n)
+                ]

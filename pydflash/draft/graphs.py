@@ -1,0 +1,75 @@
+"""The drafter's captured CUDA graphs, in one cache: forward_round, propose, commit and the
+batched round each replay a graph keyed by the cache it runs over (a DflashKv or a
+DflashBatchKv, held weakly: the graphs die with it) and by what the launches bake in.
+
+A key's first call runs its kernels eagerly (that compiles and configures every kernel: a
+capture must not), then captures them on the engine's private capture stream (the engine
+stream may be the legacy default stream, where capture is illegal); later calls launch the
+graph on the engine stream. The kernels read every per-call value (len, positions, options)
+on the device, so one graph serves every call of its key.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..device.engine import Engine
+
+
+def array_identity(a: Any) -> tuple:
+    """What a captured graph bakes in about an array: its address, shape, dtype and strides
+    (part of the key of a graph that reads it)."""
+    return (a.data.ptr, a.shape, a.dtype.str, a.strides)
+
+
+class GraphCache:
+    """Captured graphs per (owner, key). A key's first element names its kind ("round",
+    "propose", "commit", "batch"); `limit` bounds the graphs a kind keeps per owner (the
+    oldest is dropped first)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._graphs: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def run(
+        self,
+        e: Engine,
+        owner: Any,
+        key: tuple,
+        kernels: Callable[[], None],
+        *,
+        capture: bool = True,
+        limit: int | None = None,
+    ) -> None:
+        """Replay the graph of (owner, key), or run `kernels` and capture them (when the cache
+        is enabled and `capture`)."""
+        if not (self.enabled and capture):
+            kernels()
+            return
+        graphs = self._graphs.setdefault(owner, {})
+        graph = graphs.get(key)
+        if graph is not None:
+            graph.launch(e.stream)
+            return
+        kernels()
+        with e.capture_stream:
+            e.capture_stream.begin_capture()
+            try:
+                kernels()
+            finally:
+                graph = e.capture_stream.end_capture()
+        if limit is not None:
+            same_kind = [k for k in graphs if k[0] == key[0]]
+            for k in same_kind[: max(0, len(same_kind) - limit + 1)]:
+                del graphs[k]
+        graphs[key] = graph
+
+    def count(self, owner: Any, kind: str | None = None) -> int:
+        """The graphs held for `owner` (of one kind when given)."""
+        graphs = self._graphs.get(owner, {})
+        return sum(1 for k in graphs if kind is None or k[0] == kind)
