@@ -79,7 +79,7 @@ def preset_checkpoint(tmp_path_factory):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The fuzz targets' counts (tests/test_fuzz.py), when they ran: cases, results, pydflash
+    """The fuzz targets' counts (tests/fuzz/test_fuzz.py), when they ran: cases, results, pydflash
     errors, raw errors, hangs."""
     fuzz = sys.modules.get("test_fuzz")
     for line in fuzz.summary_lines() if fuzz is not None else []:

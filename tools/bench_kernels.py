@@ -13,7 +13,9 @@ M around the crossover (linear.GEMM_ROWS), then the GEMM at M = 4096 for the kv 
 beside its floor: max(bytes / copy bandwidth, 2*M*N*K / the cuBLAS f16 rate measured now).
 
 --batched 64 128 256 ...: only a layer's bf16 linears at the stacked rows of batched rounds,
-the exact decode linear beside gemm_bf16act (activations rounded to bf16), against the floor.
+the exact decode linear beside gemm_bf16act (activations rounded to bf16), against the floor:
+the tiles the package ships and those of dev/gemm_bf16act_tiles.py (the ones they were chosen
+against), all by default, or --tiles.
 """
 
 from __future__ import annotations
@@ -99,6 +101,16 @@ def _bits(cp, rng, n: int, k: int):
     )
 
 
+def batched_tiles(wgmma: bool) -> list[str]:
+    """--batched's default tiles: the shipped ones, then dev/gemm_bf16act_tiles.py's; the wgmma
+    and TMA tiles on wgmma devices only."""
+    from dev import gemm_bf16act_tiles as dev_tiles
+    from pydflash.linear import gemm_bf16act
+
+    every = [*gemm_bf16act.ALL_TILES, *dev_tiles.ALL_TILES]
+    return [t for t in every if wgmma or not dev_tiles.kernels(t).wgmma]
+
+
 def bench_batched(
     cp,
     e,
@@ -114,7 +126,9 @@ def bench_batched(
     (re-streams the weights per 16 rows) beside gemm_bf16act (bf16 activations read from their
     producer's bf16 copy, as the round reads them; K splits as the round uses them, or each of
     `ksplits`), with the TFLOP/s and the floor max(weight bytes / bandwidth, FLOP / the cuBLAS
-    f16 rate measured now). The layer rows add each linear's best K split."""
+    f16 rate measured now). The layer rows add each linear's best K split. `tiles`: shipped
+    or dev/ tiles by name (dev/gemm_bf16act_tiles.project launches either)."""
+    from dev import gemm_bf16act_tiles as dev_tiles
     from pydflash import GpuTensor, linear
     from pydflash.linear import gemm_bf16act
     from pydflash.linear.split import CHUNK, split_k_plan
@@ -165,7 +179,7 @@ def bench_batched(
                     fast = timed_inner(
                         cp,
                         e.stream,
-                        lambda: gemm_bf16act.project(
+                        lambda: dev_tiles.project(
                             e,
                             w,
                             x,
@@ -209,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         help="only a layer's bf16 linears at these stacked row counts: exact vs gemm_bf16act",
     )
     ap.add_argument(
-        "--tiles", nargs="+", default=None, help="--batched: gemm_bf16act tiles (default: all)"
+        "--tiles",
+        nargs="+",
+        default=None,
+        help="--batched: gemm_bf16act tiles, shipped or dev/ (default: all this device runs)",
     )
     ap.add_argument(
         "--ksplits",
@@ -219,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         help="--batched: K splits to time for the store linears (default: the round's)",
     )
     args = ap.parse_args(argv)
+    unknown = [t for t in args.tiles or () if t not in batched_tiles(wgmma=True)]
+    if unknown:
+        ap.error(f"--tiles: {unknown} unknown; one of {batched_tiles(wgmma=True)}")
 
     import cupy as cp
 
@@ -245,10 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     b, h, rng = cfg.block_size, cfg.hidden, np.random.default_rng()
     n_taps = len(g["target_layer_ids"])
     if args.batched:
-        from pydflash.linear import gemm_bf16act
-
-        wgmma = [gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES] if e.caps.wgmma else []
-        args.tiles = args.tiles or list(gemm_bf16act.TILES) + wgmma
+        args.tiles = args.tiles or batched_tiles(e.caps.wgmma)
         with e.device, e.stream:
             bench_batched(cp, e, cfg, args.batched, bw, args.repeats, rng, args.tiles, args.ksplits)
         return 0

@@ -3,9 +3,10 @@ beside their memory floor, with tuning variants and a correctness check of every
 (llm.c style: kernel, reference, benchmark).
 
     python tools/bench_linear.py [--preset qwen3-8b-b16] [--precision bf16 q8_0 q4_0]
-                                 [--variants] [--kernel v2 v3] [--m 16]
+                                 [--variants] [--kernel v2 v3] [--m 16] [--sample]
 
-Each row: one weight of a layer (and the lm_head sampling pass) at M tokens. Several copies of
+Each row: one weight of a layer (and with --sample the lm_head sampling pass: linear.cu's
+sampling epilogue, v2's, shipped; v3's from dev/linear_v3_sample.py) at M tokens. Several copies of
 the weight (together well past the L2 cache) are cycled so the time is HBM time, INNER launches
 per CUDA graph replay. floor = weight bytes / copy bandwidth of the same run. Every variant's
 output is first checked against a float64 NumPy product of the dequantized weights (rel error
@@ -86,9 +87,13 @@ def variants(kernels: list[str], extra: bool) -> list[Variant]:
     return out
 
 
-def launcher(e: Any, v: Variant, w: Any, epi: str, m: int) -> tuple[Any, int, str]:
-    """(call(w, x, out, resid, split_stride), K splits, plan text) of one variant and weight."""
-    from dev import linear_v2
+def launcher(
+    e: Any, v: Variant, w: Any, epi: str, m: int, sample: dict | None = None
+) -> tuple[Any, int, str]:
+    """(call(w, x, out, resid, split_stride), K splits, plan text) of one variant and weight.
+    epi "sample": the lm_head pass storing its logits to out[0], `sample` the sampling
+    arguments (params, rng, part, part_idx); v2 is linear.cu's sampling epilogue."""
+    from dev import linear_v2, linear_v3_sample
     from pydflash.linear import decode as linear
     from pydflash.linear import decode_v3 as linear_v3
 
@@ -99,6 +104,10 @@ def launcher(e: Any, v: Variant, w: Any, epi: str, m: int) -> tuple[Any, int, st
         text = f"ks{ks} in{linear_v2.WARPS} w{blocks * linear_v2.WARPS}"
 
         def call(w, x, out, resid, stride):
+            if epi == "sample":
+                assert sample is not None
+                linear.project_sample(e, w, x, m, y=out[0], residual=resid, **sample)
+                return
             linear_v2.project(e, w, x, m, out, "store" if ks > 1 else epi, resid, ks, stride)
 
         return call, ks, text
@@ -118,6 +127,12 @@ def launcher(e: Any, v: Variant, w: Any, epi: str, m: int) -> tuple[Any, int, st
     text = f"ks{p.n_splits} in{p.inner} w{p.blocks() * p.warps_per_block * -(-m // 16)}"
 
     def call3(w, x, out, resid, stride):
+        if epi == "sample":
+            assert sample is not None
+            linear_v3_sample.project_sample(
+                e, w, x, m, y=out[0], residual=resid, cfg=cfg, inner=inner, groups=groups, **sample
+            )
+            return
         linear_v3.project(
             e,
             w,
@@ -144,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument(
+        "--sample",
+        action="store_true",
+        help="add the lm_head sampling pass (vocab x hidden): linear.cu's (v2's) against v3's",
+    )
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -169,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         ("gate_up split", 2 * n_ff, hidden, "store"),
         ("down", hidden, n_ff, "add"),
     ]
+    if args.sample:
+        shapes.append(("lm_head sample", g["vocab"], hidden, "sample"))
     with e.device, e.stream:
         for prec in args.precision:
             for name, n, k, epi in shapes:
@@ -191,8 +213,20 @@ def main(argv: list[str] | None = None) -> int:
                 if epi == "add":
                     ref = ref + resid_h
                 ncols = n // 2 if epi == "silu_mul" else n
+                sample = None
+                if epi == "sample":  # T 0.8, no cap, multiplier 1: the logits are the product
+                    from pydflash.linear.decode import sample_blocks
+
+                    blocks = sample_blocks(w0)  # one partial per 32 rows and token (either)
+                    sample = dict(
+                        params=cp.asarray(np.array([0.8, 0.0, 0.0, 1.0], np.float32)),
+                        rng=cp.asarray(np.array([7, 9, 1234, 0], np.uint32)),
+                        part=cp.empty((blocks, m, 4), np.float32),
+                        part_idx=cp.empty((blocks, m), np.int32),
+                        apply_cap=True,
+                    )
                 for v in variants(args.kernel, args.variants):
-                    call, ks, plan_text = launcher(e, v, w0, epi, m)
+                    call, ks, plan_text = launcher(e, v, w0, epi, m, sample)
                     out = cp.full((ks, m, ncols), np.nan, np.float32)
                     resid = cp.asarray(resid_h) if resid_h is not None and ks == 1 else None
                     e.use_pdl = v.pdl

@@ -476,15 +476,16 @@ def main(argv: list[str] | None = None) -> int:
         "--tile",
         default=None,
         help="--batch: gemm_bf16act's tile above its small rows on wgmma devices for this run "
-        "(pydflash.linear.Policy.wgmma_tile; default: the dispatch table's)",
+        "(pydflash.linear.Policy.wgmma_tile, a shipped wgmma tile; default: the dispatch "
+        "table's). dev/'s tiles are timed alone by tools/bench_kernels.py --batched",
     )
     args = ap.parse_args(argv)
 
     import cupy as cp
 
-    from pydflash.linear import gemm_bf16act
+    from pydflash.linear import dispatch
 
-    tiles = [gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES]
+    tiles = list(dispatch.WGMMA_TILES)
     if args.tile and args.tile not in tiles:
         ap.error(f"--tile: one of {tiles}")
     policy = linear.Policy(

@@ -50,7 +50,7 @@ run precompile python3 -m pydflash.precompile --arch "$ARCH"
 if [ "$PART" = tests ] || [ "$PART" = all ] || [ "$PART" = suite ]; then
   # in TEST_SHARDS processes (test files dealt round-robin; tests.log the summary)
   SHARDS=${TEST_SHARDS:-$([ "$PART" = suite ] && echo 2 || echo 3)}
-  ls tests/test_*.py dev/tests/test_*.py | grep -v test_kernels_compile.py > "$OUT/test_files.txt"
+  find tests dev/tests -name "test_*.py" | sort | grep -v test_kernels_compile.py > "$OUT/test_files.txt"
   for i in $(seq 1 "$SHARDS"); do
     awk -v i="$i" -v n="$SHARDS" 'NR % n == i % n' "$OUT/test_files.txt" > "$OUT/test_files_$i.txt"
     (xargs -a "$OUT/test_files_$i.txt" python3 -m pytest -q -rs -p no:cacheprovider \

@@ -38,8 +38,9 @@ import numpy as np
 from .. import checks, linear, philox
 from ..errors import QuantizationError, ShapeError
 from ..formats.tensor import GpuTensor
-from ..ops import elementwise, sampling
-from ..ops import markov as ops_markov
+from ..heads import markov_kind
+from ..heads.markov import MarkovBuffers
+from ..ops import sampling
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
@@ -159,12 +160,11 @@ class DraftStep:
         self.stats = rt.empty(2 * nd, np.float32)  # per slot the normaliser (max, sum-exp)
         self.rng = rt.upload(philox.state_words(0, 0))
         self._ws: dict[int, _Workspace] = {}
-        if markov is not None:  # the chain's per-step input, projection and bias input
-            r = markov.rank
-            width = {"vanilla": r, "gated": cfg.hidden + r, "rnn": 2 * r + cfg.hidden}
-            self.markov_in = rt.empty((1, width[markov.kind]))
-            self.markov_proj = rt.empty((1, 3 * r))
-            self.markov_u = rt.empty((1, r))
+        if markov is not None:  # the chain's per-step input, projection and W2 input
+            self.markov_kind = markov_kind(markov.kind)
+            self.markov_buffers = MarkovBuffers.allocate(
+                rt, self.markov_kind, markov.rank, cfg.hidden
+            )
 
     # -- per-call state (host -> device, before the kernels) -------------------------------
     def stage(
@@ -294,29 +294,11 @@ class DraftStep:
         sampling.rng_advance(rt, self.rng, self.params)
 
     def markov_input(self, rt: Runtime, h_row: Any, prev: Any, first: bool) -> Any:
-        """The W2 input u of one chain step for hidden row h and the token in `prev` (device):
-        W1[prev] (vanilla), sigmoid(gate([h ; W1[prev]])) * W1[prev] (gated), or tanh(out)
-        of the rnn cell (its state kept in markov_in[:, :r], zeroed at the first slot)."""
-        mk, hidden = self.markov, self.cfg.hidden
-        assert mk is not None and (mk.kind == "vanilla" or mk.proj is not None)
-        r, z = mk.rank, self.markov_in
-        if mk.kind == "vanilla":
-            elementwise.gather_rows(rt, mk.w1.data, prev, z, 1)
-            return z
-        if mk.kind == "gated":  # g = sigmoid(gate([h ; e])), u = g * e
-            z[:, :hidden] = h_row
-            elementwise.gather_rows(rt, mk.w1.data, prev, z[:, hidden:], 1)
-            linear.project(rt, mk.proj, z, 1, self.markov_proj[:, :r])  # type: ignore[arg-type]
-            ops_markov.gated(rt, self.markov_proj, mk.bias, z[:, hidden:], self.markov_u, r)
-            return self.markov_u
-        # rnn: z = [s ; e ; h]; the state s stays in z[:, :r]
-        if first:
-            z[:, :r] = 0
-        z[:, 2 * r :] = h_row
-        elementwise.gather_rows(rt, mk.w1.data, prev, z[:, r : 2 * r], 1)
-        linear.project(rt, mk.proj, z, 1, self.markov_proj)  # type: ignore[arg-type]
-        ops_markov.rnn(rt, self.markov_proj, mk.bias, z, self.markov_u, r)
-        return self.markov_u
+        """The W2 input u of one chain step for hidden row h and the token in `prev` (device),
+        as the head's kind computes it (pydflash.heads.markov: W1[prev], the gated product,
+        or the rnn cell's tanh(out), its state zeroed at the first slot)."""
+        assert self.markov is not None
+        return self.markov_kind.gpu_step(rt, self.markov, self.markov_buffers, h_row, prev, first)
 
     # -- results ----------------------------------------------------------------------------
     def result(self, vocab: int, want_probs: bool) -> Proposal:

@@ -11,16 +11,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import linear
+from ..formats.format import get as weight_format
 from ..formats.tensor import GpuTensor
+from ..heads import DEFAULT_MARKOV_KIND, MARKOV_KINDS, markov_kind
 from ..io.checkpoint import (
     CONF_B,
     CONF_W,
     D2T,
     EMBED,
-    GATE_B,
-    GATE_W,
-    JOINT_B,
-    JOINT_W,
     LM_HEAD,
     MARKOV_W1,
     MARKOV_W2,
@@ -36,9 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PRECISIONS = ("bf16", "q8_0", "q4_0", "mixed", "f32")
 GATE_UP_GROUP = 8  # gate/up rows interleave in groups of 8 (linear.cu pairs row g with g + 8)
-# the gated / rnn Markov heads' projection and its bias (f32 on the device)
-MARKOV_PROJECTIONS = {"gated": (GATE_W, GATE_B), "rnn": (JOINT_W, JOINT_B)}
-_BYTES_PER_32 = {"f32": 128, "bf16": 64, "q8_0": 34, "q4_0": 18}
+# the gated / rnn Markov heads' projection and its bias (f32 on the device), by kind name
+MARKOV_PROJECTIONS = {k.name: k.projection for k in MARKOV_KINDS.values() if k.projection}
 
 
 def format_for(precision: str, role: str) -> str:
@@ -61,7 +58,7 @@ def kernel_families(cfg: DflashCfg, precision: str, caps: Caps, policy: linear.P
     if cfg.has_markov:
         fams.append(markov.FAMILY)
     formats = {format_for(precision, role) for role in ("attn", "mlp", "head")}
-    if formats & {"q8_0", "q4_0"}:
+    if any(weight_format(f).scaled for f in formats):
         fams.append(ops_quant.FAMILY)  # weights quantized on the device at load
     ks = {cfg.hidden, cfg.n_head * cfg.head_dim, cfg.n_ff, cfg.tap_width}
     for fmt in sorted(formats | {"f32"}):  # f32: the decode family's sampling / FFMA entries
@@ -101,7 +98,8 @@ class DflashLayer:
 @dataclasses.dataclass
 class MarkovHead:
     """DSpark Markov head: w1 bf16 [V, rank] (gathered by token id), w2 [V, rank] in the
-    drafter's precision; gated/rnn variants add their projection (f32) and bias."""
+    drafter's precision; gated/rnn variants add their projection (f32) and bias. `kind` is
+    the name of its pydflash.heads kind (`markov_kind(head.kind)`)."""
 
     kind: str
     rank: int
@@ -125,7 +123,8 @@ def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
     """(device bytes of every weight, bytes one forward_round reads) at `precision`."""
 
     def size(role: str, n: int, k: int) -> int:
-        return n * k // 32 * _BYTES_PER_32[format_for(precision, role)]
+        f = weight_format(format_for(precision, role))  # whole blocks of a row (as loaded)
+        return n * (k // f.block_elements) * f.bytes_per_block
 
     layer = (
         size("attn", cfg.q_dim + 2 * cfg.kv_dim, cfg.hidden)
@@ -143,9 +142,8 @@ def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
         total += 2 * cfg.draft_vocab * cfg.hidden + 4 * cfg.draft_vocab
     total += 4 * cfg.mask_embedding_rows * cfg.hidden
     if cfg.has_markov and cfg.vocab_size:
-        r, kind = cfg.markov_rank, cfg.markov_type or "vanilla"
-        proj = {"vanilla": 0, "gated": r * (cfg.hidden + r), "rnn": 3 * r * (2 * r + cfg.hidden)}
-        total += 2 * cfg.vocab_size * r + size("head", cfg.vocab_size, r) + 4 * proj[kind]
+        r, kind = cfg.markov_rank, markov_kind(cfg.markov_type or DEFAULT_MARKOV_KIND)
+        total += kind.device_bytes(cfg.vocab_size, r, cfg.hidden, size("head", cfg.vocab_size, r))
     if cfg.confidence_head:
         total += 4 * (cfg.hidden + (cfg.markov_rank if cfg.confidence_with_markov else 0) + 1)
     return total, cfg.n_layer * layer
@@ -197,10 +195,10 @@ def load_weights(e: Runtime, ckpt: Checkpoint, precision: str) -> dict[str, Any]
         )
     markov = None
     if cfg.has_markov:
-        kind = cfg.markov_type or "vanilla"
-        proj_name, bias_name = MARKOV_PROJECTIONS.get(kind, ("", ""))
+        kind = markov_kind(cfg.markov_type or DEFAULT_MARKOV_KIND)
+        proj_name, bias_name = kind.projection or ("", "")
         markov = MarkovHead(
-            kind=kind,
+            kind=kind.name,
             rank=cfg.markov_rank,
             w1=GpuTensor.from_checkpoint(e, ckpt, MARKOV_W1, "bf16"),
             w2=weight([MARKOV_W2], "head"),

@@ -1,4 +1,7 @@
-"""Weight storage formats (f32, bf16, q8_0, q4_0) in vectorised NumPy.
+"""Weight storage formats (f32, bf16, q8_0, q4_0) in vectorised NumPy: each format's encoder
+(a float [rows, cols] matrix -> its flat storage bytes) and decoder (bytes -> float32), and the
+block layouts they write. pydflash.formats.format holds one record per format (its sizes, these
+codecs); other code reads the facts there.
 
 The q8_0 / q4_0 byte layouts and arithmetic follow GGML's reference quantizers
 (quantize_row_q8_0_ref / quantize_row_q4_0_ref) exactly, in float32, so weights quantized
@@ -19,9 +22,11 @@ from pydflash.io.jsonio import brief
 QK = 32
 """Elements per quantization block (along a row)."""
 
-FORMATS = ("f32", "bf16", "q8_0", "q4_0")
-FORMAT_BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18}
-_BYTES_PER_ELEMENT = {"f32": 4, "bf16": 2}
+F32_BYTES = 4  # an f32 element
+BF16_BYTES = 2  # a bf16 element (the top half of a float32)
+SCALE_BYTES = 2  # the little-endian f16 scale d that leads every q8_0 / q4_0 block
+Q8_0_BLOCK_BYTES = SCALE_BYTES + QK  # d, then one int8 quant an element
+Q4_0_BLOCK_BYTES = SCALE_BYTES + QK // 2  # d, then two 4-bit quants a byte
 
 # Elements handled per encoder step: big enough to amortise NumPy call overhead, small enough
 # that the float32 temporaries stay cache-friendly and memory stays bounded.
@@ -65,10 +70,10 @@ def from_bf16(a: ArrayLike) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
-def _not_blockable(fmt: str, shape: tuple[int, ...]) -> QuantizationError:
+def _not_blockable(fmt: str, shape: tuple[int, ...], block_elements: int = QK) -> QuantizationError:
     return QuantizationError(
         f"cannot store a matrix of shape {tuple(shape)} as {fmt}: rows must be a multiple of "
-        f"{QK} elements long (got {shape[-1]})"
+        f"{block_elements} elements long (got {shape[-1]})"
     )
 
 
@@ -88,29 +93,32 @@ def _dim(value: object, name: str) -> int:
     return int(value)
 
 
-def nbytes(fmt: str, rows: int, cols: int) -> int:
-    """Bytes a [rows, cols] weight occupies in ``fmt``; block formats need cols % 32 == 0."""
+def storage_nbytes(
+    fmt: str, rows: object, cols: object, block_elements: int, block_bytes: int
+) -> int:
+    """Bytes of a [rows, cols] matrix stored as `fmt`: each row whole blocks of `block_elements`
+    elements, `block_bytes` bytes a block (f32 / bf16: blocks of one element). The arithmetic
+    behind pydflash.formats.format's Format.nbytes; the dimensions are validated here."""
     rows, cols = _dim(rows, "rows"), _dim(cols, "cols")
-    if not isinstance(fmt, str):
-        raise QuantizationError(f"unknown weight format {fmt!r}; expected one of {FORMATS}")
-    if fmt in _BYTES_PER_ELEMENT:
-        return rows * cols * _BYTES_PER_ELEMENT[fmt]
-    if fmt not in FORMAT_BYTES_PER_BLOCK:
-        raise QuantizationError(f"unknown weight format {fmt!r}; expected one of {FORMATS}")
-    if cols % QK:
-        raise _not_blockable(fmt, (rows, cols))
-    return rows * (cols // QK) * FORMAT_BYTES_PER_BLOCK[fmt]
+    if cols % block_elements:
+        raise _not_blockable(fmt, (rows, cols), block_elements)
+    return rows * (cols // block_elements) * block_bytes
 
 
-def _as_blockable_matrix(a: ArrayLike, fmt: str) -> np.ndarray:
+def _as_float_matrix(a: ArrayLike, fmt: str, verb: str) -> np.ndarray:
     try:
         arr = np.asarray(a)
     except (TypeError, ValueError) as exc:
-        raise QuantizationError(f"{fmt} quantizes arrays; got {type(a).__name__}: {exc}") from None
+        raise QuantizationError(f"{fmt} {verb} arrays; got {type(a).__name__}: {exc}") from None
     if arr.ndim != 2:
-        raise QuantizationError(f"{fmt} quantizes 2-D matrices; got shape {arr.shape}")
+        raise QuantizationError(f"{fmt} {verb} 2-D matrices; got shape {arr.shape}")
     if arr.dtype.kind != "f" and arr.dtype != ml_dtypes.bfloat16:
-        raise QuantizationError(f"{fmt} quantizes float arrays; got dtype {arr.dtype}")
+        raise QuantizationError(f"{fmt} {verb} float arrays; got dtype {arr.dtype}")
+    return arr
+
+
+def _as_blockable_matrix(a: ArrayLike, fmt: str) -> np.ndarray:
+    arr = _as_float_matrix(a, fmt, "quantizes")
     if arr.shape[1] % QK:
         raise _not_blockable(fmt, arr.shape)
     return arr
@@ -156,12 +164,14 @@ def _f16_le_bytes(d: np.ndarray, fmt: str, blocks: slice, cols: int) -> np.ndarr
     return d.astype("<f2").view(np.uint8).reshape(-1, 2)
 
 
-def _blocks_of(buf: ArrayLike, shape: tuple[int, int], fmt: str) -> np.ndarray:
-    """Validate a flat encoded buffer against ``shape`` and view it as [nblocks, bytes]."""
+def _stored(
+    buf: ArrayLike, shape: tuple[int, int], fmt: str, block_elements: int, block_bytes: int
+) -> np.ndarray:
+    """Validate a flat encoded buffer against ``shape``; its bytes as a flat uint8 array."""
     if not isinstance(shape, (tuple, list)) or len(shape) != 2:
         raise QuantizationError(f"{fmt} decodes to a 2-D shape (rows, cols); got {shape!r}")
     rows, cols = _dim(shape[0], "shape[0]"), _dim(shape[1], "shape[1]")
-    expected = nbytes(fmt, rows, cols)
+    expected = storage_nbytes(fmt, rows, cols, block_elements, block_bytes)
     if isinstance(buf, (bytes, bytearray, memoryview)):
         raw = np.frombuffer(buf, dtype=np.uint8)
     else:
@@ -176,13 +186,48 @@ def _blocks_of(buf: ArrayLike, shape: tuple[int, int], fmt: str) -> np.ndarray:
         raise QuantizationError(
             f"{fmt} buffer for shape ({rows}, {cols}) must be {expected} bytes; found {raw.size}"
         )
-    return raw.reshape(-1, FORMAT_BYTES_PER_BLOCK[fmt])
+    return raw
+
+
+def _blocks_of(buf: ArrayLike, shape: tuple[int, int], fmt: str, block_bytes: int) -> np.ndarray:
+    """A validated flat q8_0 / q4_0 buffer viewed as [nblocks, block_bytes]."""
+    return _stored(buf, shape, fmt, QK, block_bytes).reshape(-1, block_bytes)
 
 
 def _scales(blocks: np.ndarray) -> np.ndarray:
     """Leading little-endian f16 of each block, as a float32 [n, 1] column."""
     bits = blocks[:, 0].astype(np.uint16) | (blocks[:, 1].astype(np.uint16) << 8)
     return bits.view(np.float16).astype(np.float32)[:, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# f32 / bf16 as storage streams (the same contract as the block formats' codecs)
+# ---------------------------------------------------------------------------------------------
+
+
+def encode_f32(a: ArrayLike) -> np.ndarray:
+    """A [rows, cols] float matrix -> flat little-endian float32 bytes (row-major)."""
+    x = _as_float_matrix(a, "f32", "encodes")
+    return np.ascontiguousarray(x, dtype="<f4").reshape(-1).view(np.uint8)
+
+
+def decode_f32(buf: ArrayLike, shape: tuple[int, int]) -> np.ndarray:
+    """f32 bytes -> float32 [rows, cols] (exact)."""
+    raw = np.ascontiguousarray(_stored(buf, shape, "f32", 1, F32_BYTES))
+    return raw.view("<f4").astype(np.float32).reshape(tuple(shape))
+
+
+def encode_bf16(a: ArrayLike) -> np.ndarray:
+    """A [rows, cols] float matrix -> flat little-endian bf16 bytes (``bf16_bits_from_f32``'s
+    rounding; bfloat16 input keeps its bits)."""
+    x = _as_float_matrix(a, "bf16", "encodes")
+    return bf16_bits_from_f32(x).astype("<u2", copy=False).reshape(-1).view(np.uint8)
+
+
+def decode_bf16(buf: ArrayLike, shape: tuple[int, int]) -> np.ndarray:
+    """bf16 bytes -> float32 [rows, cols] (exact)."""
+    raw = np.ascontiguousarray(_stored(buf, shape, "bf16", 1, BF16_BYTES))
+    return f32_from_bf16_bits(raw.view("<u2")).reshape(tuple(shape))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,7 +242,7 @@ def encode_q8_0(a: ArrayLike) -> np.ndarray:
     half-away-from-zero rounding; stored d is f16(d).
     """
     x = _as_blockable_matrix(a, "q8_0")
-    out = np.empty((x.size // QK, FORMAT_BYTES_PER_BLOCK["q8_0"]), dtype=np.uint8)
+    out = np.empty((x.size // QK, Q8_0_BLOCK_BYTES), dtype=np.uint8)
     for blocks_slice, xb in _f32_block_chunks(x, "q8_0"):
         d = np.abs(xb).max(axis=1) / np.float32(127.0)
         v = xb * _reciprocal_or_zero(d)[:, None]
@@ -207,15 +252,15 @@ def encode_q8_0(a: ArrayLike) -> np.ndarray:
         t = np.trunc(v)
         frac = v - t
         q = t + (frac >= 0.5) - (frac <= -0.5)
-        out[blocks_slice, :2] = _f16_le_bytes(d, "q8_0", blocks_slice, x.shape[1])
-        out[blocks_slice, 2:] = q.astype(np.int8).view(np.uint8)
+        out[blocks_slice, :SCALE_BYTES] = _f16_le_bytes(d, "q8_0", blocks_slice, x.shape[1])
+        out[blocks_slice, SCALE_BYTES:] = q.astype(np.int8).view(np.uint8)
     return out.reshape(-1)
 
 
 def decode_q8_0(buf: ArrayLike, shape: tuple[int, int]) -> np.ndarray:
     """q8_0 bytes -> float32 [rows, cols]: x' = q * float(f16 d), as GGML dequantizes."""
-    blocks = _blocks_of(buf, shape, "q8_0")
-    return (blocks[:, 2:].view(np.int8) * _scales(blocks)).reshape(tuple(shape))
+    blocks = _blocks_of(buf, shape, "q8_0", Q8_0_BLOCK_BYTES)
+    return (blocks[:, SCALE_BYTES:].view(np.int8) * _scales(blocks)).reshape(tuple(shape))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +275,7 @@ def encode_q4_0(a: ArrayLike) -> np.ndarray:
     id = d ? 1/d : 0; q = min(15, trunc(x * id + 8.5)); byte j = q[j] | q[j + 16] << 4.
     """
     x = _as_blockable_matrix(a, "q4_0")
-    out = np.empty((x.size // QK, FORMAT_BYTES_PER_BLOCK["q4_0"]), dtype=np.uint8)
+    out = np.empty((x.size // QK, Q4_0_BLOCK_BYTES), dtype=np.uint8)
     for blocks_slice, xb in _f32_block_chunks(x, "q4_0"):
         first_max = np.abs(xb).argmax(axis=1)  # argmax keeps the first of equal |x|
         m = xb[np.arange(xb.shape[0]), first_max]
@@ -240,15 +285,15 @@ def encode_q4_0(a: ArrayLike) -> np.ndarray:
         d = m / np.float32(-8.0)
         w = xb * _reciprocal_or_zero(d)[:, None] + np.float32(8.5)  # two float32 roundings
         q = np.minimum(w.astype(np.int8), 15).view(np.uint8)  # (int8_t) truncates
-        out[blocks_slice, :2] = _f16_le_bytes(d, "q4_0", blocks_slice, x.shape[1])
-        out[blocks_slice, 2:] = q[:, : QK // 2] | (q[:, QK // 2 :] << 4)
+        out[blocks_slice, :SCALE_BYTES] = _f16_le_bytes(d, "q4_0", blocks_slice, x.shape[1])
+        out[blocks_slice, SCALE_BYTES:] = q[:, : QK // 2] | (q[:, QK // 2 :] << 4)
     return out.reshape(-1)
 
 
 def decode_q4_0(buf: ArrayLike, shape: tuple[int, int]) -> np.ndarray:
     """q4_0 bytes -> float32 [rows, cols]: x' = (q - 8) * float(f16 d), as GGML dequantizes."""
-    blocks = _blocks_of(buf, shape, "q4_0")
-    qs = blocks[:, 2:]
+    blocks = _blocks_of(buf, shape, "q4_0", Q4_0_BLOCK_BYTES)
+    qs = blocks[:, SCALE_BYTES:]
     d = _scales(blocks)
     out = np.empty((blocks.shape[0], QK), dtype=np.float32)
     np.multiply((qs & 0x0F).astype(np.int8) - 8, d, out=out[:, : QK // 2])

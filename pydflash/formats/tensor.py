@@ -21,15 +21,13 @@ import numpy as np
 from ..checks import require_runtime
 from ..errors import QuantizationError, ShapeError
 from ..ops import quant as ops_quant
+from .format import QK, get
 
 if TYPE_CHECKING:  # pragma: no cover
     import cupy as cp
 
     from ..device.runtime import Runtime
     from ..io.checkpoint import Checkpoint
-
-FORMATS = ("f32", "bf16", "q8_0", "q4_0")
-QK = ops_quant.QK
 
 
 @dataclasses.dataclass
@@ -128,14 +126,14 @@ class GpuTensor:
         """An f32 or bf16-bits [N, K] device matrix -> GGML-exact q8_0 / q4_0, quantized on
         the device, split into aligned quants and f16 scales."""
         n, k = src.shape
+        record = get(fmt)
         nblocks = n * (k // QK)
         with e.ordered():
-            blocks = e.empty(nblocks * ops_quant.BLOCK_BYTES[fmt], np.uint8)
+            blocks = e.empty(record.nbytes(n, k), np.uint8)
             ops_quant.quantize(e, src, fmt, blocks, n, k)
             scales = e.empty((n, k // QK), np.uint16)
-            data = e.empty(
-                (n, k) if fmt == "q8_0" else (n, k // 2), np.int8 if fmt == "q8_0" else np.uint8
-            )
+            item = np.dtype(record.device_dtype).itemsize
+            data = e.empty((n, record.data_row_bytes(k) // item), record.device_dtype)
             ops_quant.split(e, blocks, fmt, data, scales, nblocks)
         return cls(fmt, n, k, data, scales)
 
@@ -192,7 +190,7 @@ class GpuTensor:
 
     def ggml_bytes(self) -> np.ndarray:
         """The GGML block byte stream (q8_0/q4_0), as `quant.encode_*` would write it."""
-        if self.fmt not in ("q8_0", "q4_0"):
+        if not get(self.fmt).scaled:
             raise QuantizationError(f"ggml_bytes: {self.fmt} is not a block format")
         n, k = self.shape
         d = self.scales.get().reshape(n, k // QK, 1).view(np.uint8)  # 2 bytes each
@@ -201,14 +199,13 @@ class GpuTensor:
 
 
 def _check_fmt(fmt: str) -> None:
-    if fmt not in FORMATS:
-        raise QuantizationError(f"fmt must be one of {FORMATS}, found {fmt!r}")
+    get(fmt)  # a QuantizationError naming an unknown format and the known ones
 
 
 def _check_in_features(shape: tuple[int, ...], fmt: str) -> None:
     """Every kernel walks K in 32-wide chunks, so in_features must be a multiple of 32."""
     if shape[1] % QK:
-        what = "block-quantized" if fmt in ("q8_0", "q4_0") else f"stored as {fmt}"
+        what = "block-quantized" if get(fmt).scaled else f"stored as {fmt}"
         raise QuantizationError(
             f"weight of shape {list(shape)} cannot be {what}: in_features "
             f"must be a multiple of {QK}"

@@ -24,6 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError, ConfigError, collected
+from ..heads import detect_markov_kind, markov_kind
+
+# the Markov head's tensor names live with its kinds; re-exported: importers read them here
+from ..heads.markov import GATE_B, GATE_W, JOINT_B, JOINT_W, MARKOV_W1, MARKOV_W2  # noqa: F401
 from ..model import bounds
 from ..model.config import DflashCfg
 from . import jsonio
@@ -36,10 +40,6 @@ from .safetensors import (
 )
 
 ACCEPTED_DTYPES = ("BF16", "F16", "F32")
-MARKOV_W1 = "markov_head.markov_w1.weight"
-MARKOV_W2 = "markov_head.markov_w2.weight"
-GATE_W, GATE_B = "markov_head.gate_proj.weight", "markov_head.gate_proj.bias"
-JOINT_W, JOINT_B = "markov_head.joint_proj.weight", "markov_head.joint_proj.bias"
 CONF_W, CONF_B = "confidence_head.proj.weight", "confidence_head.proj.bias"
 EMBED, LM_HEAD = "embed_tokens.weight", "lm_head.weight"
 D2T = "d2t"  # a trimmed draft vocabulary's offsets: target id = draft id + d2t[draft id]
@@ -139,11 +139,7 @@ def head_shapes(cfg: DflashCfg) -> dict[str, tuple[int, ...]]:
     h, r, v = cfg.hidden, cfg.markov_rank, cfg.vocab_size
     shapes: dict[str, tuple[int, ...]] = {}
     if cfg.markov_type is not None and v is not None:
-        shapes.update({MARKOV_W1: (v, r), MARKOV_W2: (v, r)})
-        if cfg.markov_type == "gated":
-            shapes.update({GATE_W: (r, h + r), GATE_B: (r,)})
-        if cfg.markov_type == "rnn":
-            shapes.update({JOINT_W: (3 * r, 2 * r + h), JOINT_B: (3 * r,)})
+        shapes.update(markov_kind(cfg.markov_type).tensor_shapes(v, r, h))
     if cfg.confidence_head:
         width = h + r if cfg.confidence_with_markov else h
         shapes.update({CONF_W: (1, width), CONF_B: (1,)})
@@ -374,18 +370,14 @@ def _validate(
         if len(w1) == 2:
             vocab = vocab or w1[0]
             rank = w1[1]
-        markov_type = "rnn" if JOINT_W in tensors else "gated" if GATE_W in tensors else "vanilla"
-        check(MARKOV_W1, (vocab, rank))
+        markov = detect_markov_kind(tensors)
+        markov_type = markov.name
+        check(MARKOV_W1, (vocab, rank))  # vocab may still be unknown here: not tensor_shapes
         check(MARKOV_W2, (vocab, rank))
         known |= {MARKOV_W1, MARKOV_W2}
-        if markov_type == "gated":
-            check(GATE_W, (rank, h + rank))
-            check(GATE_B, (rank,))
-            known |= {GATE_W, GATE_B}
-        if markov_type == "rnn":
-            check(JOINT_W, (3 * rank, 2 * rank + h))
-            check(JOINT_B, (3 * rank,))
-            known |= {JOINT_W, JOINT_B}
+        for name, shape in markov.extra_shapes(rank, h).items():
+            check(name, shape)
+            known.add(name)
         if cfg.markov_type is not None and cfg.markov_type != markov_type:
             problems.append(
                 f"markov_head: config says {cfg.markov_type!r}, tensors say {markov_type!r}"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..device.kernels import Family
 from ..errors import ShapeError
+from ..formats.format import FORMATS as WEIGHT_FORMATS
 from . import decode_v3 as _v3
 
 # shared with linear_v3 (and used as linear.split_k_plan, linear.CHUNK, ... by callers)
@@ -50,7 +51,7 @@ _SAMPLE_SIG = (
 )
 SAMPLE = {
     (fmt, nt1): FAMILY.kernel(f"linear_{fmt}_sample" + ("_nt1" if nt1 else ""), _SAMPLE_SIG)
-    for fmt in ("bf16", "q8_0", "q4_0")
+    for fmt in (f.name for f in WEIGHT_FORMATS.values() if f.tensor_cores)
     for nt1 in (False, True)
 }
 SAMPLE_F32 = FAMILY.kernel("linear_f32_sample", _SAMPLE_SIG.replace("unsigned char* W", "float* W"))

@@ -1,6 +1,8 @@
 """linear_v3.cu: the decode linear with a per-warp cp.async ring (weights and the warp's raw f32
-activations), selectable beside linear.cu by `kernel="v3"` on linear.project / project_sample /
-k_splits. bf16 / q8_0 / q4_0 only: f32 weights keep linear.cu's FFMA kernel.
+activations), the round's projections in the tensor-core formats (pydflash.linear.dispatch's
+"round" rows): store / add / silu_mul into split-K partials. bf16 / q8_0 / q4_0 only: f32
+weights keep linear.cu's FFMA kernel. Its sampling epilogue (the lm_head pass streaming logits
+into sampling partials) lost to linear.cu's and lives in dev/linear_v3_sample.py.
 
 The plan of a weight (`plan`): the outer K splits the consumer adds (`k_splits`, as linear.cu's)
 and the inner slices a block adds once at the end, chosen from the weight and the device only
@@ -28,13 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..device.kernels import Family, KernelSpec
 from ..errors import ShapeError
+from ..formats.format import FORMATS as WEIGHT_FORMATS
 from .split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, row_args, split_k_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
 
-FORMATS = ("bf16", "q8_0", "q4_0")
-ROW_BYTES = {"bf16": 64, "q8_0": 32, "q4_0": 16}  # a row's bytes of one 32-chunk
+FORMATS = tuple(f.name for f in WEIGHT_FORMATS.values() if f.tensor_cores)  # Config's order
+ROW_BYTES = {fmt: WEIGHT_FORMATS[fmt].data_row_bytes(CHUNK) for fmt in FORMATS}  # a 32-chunk
 ACT_LD = 36  # floats per token row of a ring stage (LIN3_ACT_LD)
 WARPS_PER_SM = 16  # resident warps an SM at <= 128 registers (the launch bounds ask for it)
 WARPS_NEEDED = 12  # warps an SM needs in flight for full bandwidth (the plan's model)
@@ -82,10 +85,6 @@ _SIG = (
     "float* Y, long long ldy, const float* R, long long ldr, int M, int N, int K"
 )
 _MMA_SIG = _SIG + ", int chunks_per_split, long long split_stride, int inner"
-_SAMPLE_SIG = (
-    _SIG + ", int inner, float* part, int* part_idx, const float* params, const unsigned* rng, "
-    "int slot_base, int apply_cap"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,14 +94,18 @@ class Kernels:
     config: Config
     family: Family
     mma: dict[tuple[str, str, bool], KernelSpec]
-    sample: dict[tuple[str, bool], KernelSpec]
+
+
+def check_config(cfg: Config) -> None:
+    """Refuses a Config the kernel's static_asserts would (before any compile)."""
+    if any(m not in (2, 4, 8) for m in cfg.mt) or any(not 2 <= s <= 8 for s in cfg.stages):
+        raise ShapeError(f"linear_v3 config {cfg}: m-tiles 2, 4 or 8, stages 2 to 8")
 
 
 @functools.cache
 def kernels_for(cfg: Config) -> Kernels:
     """The family (module linear_v3, the Config's -D options) and specs of one Config."""
-    if any(m not in (2, 4, 8) for m in cfg.mt) or any(not 2 <= s <= 8 for s in cfg.stages):
-        raise ShapeError(f"linear_v3 config {cfg}: m-tiles 2, 4 or 8, stages 2 to 8")
+    check_config(cfg)
     fam = Family("linear_v3", cfg.defines)
     mma = {
         (fmt, epi, nt1): fam.kernel(f"linear3_{fmt}_{epi}" + ("_nt1" if nt1 else ""), _MMA_SIG)
@@ -110,12 +113,7 @@ def kernels_for(cfg: Config) -> Kernels:
         for epi in EPILOGUES
         for nt1 in (False, True)
     }
-    sample = {
-        (fmt, nt1): fam.kernel(f"linear3_{fmt}_sample" + ("_nt1" if nt1 else ""), _SAMPLE_SIG)
-        for fmt in FORMATS
-        for nt1 in (False, True)
-    }
-    return Kernels(cfg, fam, mma, sample)
+    return Kernels(cfg, fam, mma)
 
 
 FAMILY = kernels_for(DEFAULT).family
@@ -125,7 +123,7 @@ def stage_bytes(fmt: str, mt: int, nt: int) -> int:
     """Bytes of one ring stage (Ring3::STAGE in linear_v3.cu): weights, scale words, the
     activations of nt * 8 tokens."""
     rows = 16 * mt
-    scales = rows * 4 if fmt != "bf16" else 0
+    scales = rows * 4 if WEIGHT_FORMATS[fmt].scaled else 0
     return rows * ROW_BYTES[fmt] + scales + nt * 8 * ACT_LD * 4
 
 
@@ -257,7 +255,7 @@ def plan(
 
 def _check(w: GpuTensor, x: Any, ldx: int) -> None:
     if w.fmt not in FORMATS:
-        raise ShapeError(f"linear_v3: {w.fmt} weights are not supported (bf16, q8_0, q4_0)")
+        raise ShapeError(f"linear_v3: {w.fmt} weights are not supported ({', '.join(FORMATS)})")
     if w.data.data.ptr % 16:
         raise ShapeError("linear_v3: weight rows must start 16-byte aligned (cp.async)")
     if x.data.ptr % 16 or ldx % 4:
@@ -312,47 +310,4 @@ def project(
         split_stride=split_stride,
         inner=p.inner,
         **args,
-    )
-
-
-def project_sample(
-    rt: Runtime,
-    w: GpuTensor,
-    x: Any,
-    m: int,
-    *,
-    params: Any,
-    rng: Any,
-    apply_cap: bool,
-    y: Any = None,
-    residual: Any = None,
-    part: Any = None,
-    part_idx: Any = None,
-    slot_base: int = 0,
-    cfg: Config = DEFAULT,
-    inner: int | None = None,
-    groups: int | None = None,
-) -> None:
-    """linear.project_sample's contract on the v3 kernel: one K range, the partials of every
-    32-row block (linear.sample_blocks(w) of them) and token."""
-    if m == 0:
-        return
-    args = row_args(w, x, m, y, residual)
-    _check(w, x, args["ldx"])
-    p = plan(rt, w, 1, cfg, inner, groups)
-    nt1 = m <= 8
-    rt.launch(
-        kernels_for(cfg).sample[(w.fmt, nt1)],
-        (_grid_x(p, m, nt1), 1, 1),
-        32 * p.warps_per_block,
-        _smem(w.fmt, cfg, p, 1 if nt1 else 2),
-        pdl=True,
-        **args,
-        inner=p.inner,
-        part=part,
-        part_idx=part_idx,
-        params=params,
-        rng=rng,
-        slot_base=slot_base,
-        apply_cap=int(apply_cap),
     )

@@ -63,7 +63,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .split import GpuTensor
 
 MODES = ("round", "sample", "features", "ingest", "batched_bf16")
-TENSOR_CORE_FORMATS = ("bf16", "q8_0", "q4_0")
 
 # Rows from which features / ingest take the tiled GEMMs (the decode kernel's crossover with
 # gemm.cu at the qwen3-8b kv projection, ~415 rows in bf16 / q8_0 / q4_0: up to one wave of
@@ -75,6 +74,9 @@ BF16ACT_ROWS = 64
 # gemm_bf16act's small tile up to these rows (wgmma devices / the others)
 SMALL_TILE_ROWS_WGMMA = 64
 SMALL_TILE_ROWS = 128
+# the large tiles of a wgmma device Policy.wgmma_tile may name: the cp.async wgmma tile and the
+# TMA tile (the default where tensor maps take the call)
+WGMMA_TILES = (gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,13 +84,14 @@ class Policy:
     """The choices a run may force (tools/bench_round.py); the defaults are the table's."""
 
     quant_ingest: bool = True  # q8_0 / q4_0 ingest on gemm_quant's TMA tile (False: gemm.cu)
-    wgmma_tile: str = gemm_bf16act.SM90_TILE  # batched_bf16 / ingest's large tile on wgmma
+    # batched_bf16 / ingest's large tile on wgmma: one of WGMMA_TILES (the tiles the package
+    # ships; dev/gemm_bf16act_tiles.py launches the others explicitly)
+    wgmma_tile: str = gemm_bf16act.SM90_TILE
 
     def __post_init__(self) -> None:
-        if self.wgmma_tile not in (gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES):
+        if self.wgmma_tile not in WGMMA_TILES:
             raise ValueError(
-                f"wgmma_tile must be one of {[gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES]},"
-                f" found {self.wgmma_tile!r}"
+                f"wgmma_tile must be one of {list(WGMMA_TILES)}, found {self.wgmma_tile!r}"
             )
 
 
@@ -137,7 +140,7 @@ def choose(
     if mode in ("features", "ingest"):
         big = (
             rows >= GEMM_ROWS
-            and fmt in TENSOR_CORE_FORMATS
+            and fmt in gemm.FORMATS
             and gemm.smem_bytes(fmt) <= caps.smem_per_block
         )
         if not big:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..device.kernels import Family
 from ..errors import ShapeError, UnsupportedDeviceError
+from ..formats.format import FORMATS as WEIGHT_FORMATS
 from .split import checked_row_stride
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,8 +29,8 @@ BK = 32  # K per tile: one GGML block
 WARPS = 8
 STAGES = 3  # the cp.async ring; 3 keeps every format under the 99 KiB of sm_89 / sm_120
 XS_LD = 36  # floats per X row in shared memory (32 + 4: conflict-free float4 reads)
-FORMATS = ("bf16", "q8_0", "q4_0")
-_RAW_ROW = {"bf16": 64, "q8_0": 32, "q4_0": 16}  # bytes of a W row per k-tile
+FORMATS = tuple(f.name for f in WEIGHT_FORMATS.values() if f.tensor_cores)
+_RAW_ROW = {fmt: WEIGHT_FORMATS[fmt].data_row_bytes(BK) for fmt in FORMATS}  # a W row's k-tile
 MAX_GRID_Y = 65535
 
 
@@ -38,7 +39,7 @@ def smem_bytes(fmt: str) -> int:
     quantized formats the bf16 tile and the f32 scales (gemm.cu's Layout<FMT>::TOTAL, which
     static_asserts it equals GEMM_SMEM_<FMT>)."""
     stage = BM * XS_LD * 4 + BN * _RAW_ROW[fmt]
-    return STAGES * stage + (0 if fmt == "bf16" else BN * 64 + BN * 4)
+    return STAGES * stage + (BN * 64 + BN * 4 if WEIGHT_FORMATS[fmt].scaled else 0)
 
 
 FAMILY = Family(

@@ -5,16 +5,20 @@ product instead of the exact path's two), for forward_round_batch(activations="b
 `ksplit` partials split_stride apart, which the consumers add, or "silu_mul"), so the round's
 code is the same on either path; it first rounds the activations into `scratch` (bf16, at least
 m * K elements). bf16 weights only: other formats stay on the exact decode linear
-(pydflash.linear.dispatch's batched_bf16 rows)."""
+(pydflash.linear.dispatch's batched_bf16 rows).
+
+The tiles here are the ones the dispatch table takes; the tiles they were measured against live
+in dev/gemm_bf16act_tiles.py (the same templates, cuda_src/gemm_bf16act*.cuh), launched through
+this module's `project` / `project_split` with a `Tile` of theirs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..device import tensormap
-from ..device.kernels import Family
+from ..device.kernels import Family, KernelSpec
 from ..errors import ArgumentError, ShapeError, UnsupportedDeviceError
 from .split import CHUNK, checked_row_stride, row_stride, split_k_plan, split_problems
 
@@ -22,15 +26,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
     from .split import GpuTensor
 
-# The tiles gemm_bf16act.cu instantiates: name -> (WM, WN, MT, NT, BK, STAGES): WM x WN warps,
-# a warp MT m-tiles of 16 rows x NT n-tiles of 8 outputs, K tiles of BK, a STAGES-deep ring.
-# Every one fits the 99 KiB of shared memory a block gets on sm_89 / sm_120.
+# The mma.sync tiles gemm_bf16act.cu instantiates: name -> (WM, WN, MT, NT, BK, STAGES): WM x WN
+# warps, a warp MT m-tiles of 16 rows x NT n-tiles of 8 outputs, K tiles of BK, a STAGES-deep
+# ring. Each fits the 99 KiB of shared memory a block gets on sm_89 / sm_120.
 TILES = {
-    "w8_128x128_k32": (2, 4, 4, 4, 32, 4),
-    "w4_128x128_k32": (2, 2, 4, 8, 32, 4),
     "w8_128x128_k64": (2, 4, 4, 4, 64, 3),
-    "w4_128x128_k64": (2, 2, 4, 8, 64, 3),
-    "w8_128x256_k32": (2, 4, 4, 8, 32, 4),
     "w4_64x128_k64": (1, 4, 4, 4, 64, 4),
 }
 # sm_90 only: gemm_bf16act_sm90.cu, warpgroup MMAs (wgmma) reading both operands from shared
@@ -39,7 +39,7 @@ WGMMA_TILE = "wgmma_128x128_k64"
 WGMMA_STAGES = 3
 # sm_90 only: gemm_bf16act_tma.cu, the same MMAs fed by TMA copies, warp-specialised (a producer
 # warp, two consumer warpgroups): name -> (rows of W a block, ring stages); 128 rows of X a block
-TMA_TILES = {"tma_128x128_s3": (128, 3), "tma_128x128_s6": (128, 6), "tma_128x256_s4": (256, 4)}
+TMA_TILES = {"tma_128x128_s6": (128, 6)}
 TMA_THREADS = 288
 # the tiles pydflash.linear.dispatch chooses (its table says where and why)
 SM90_TILE = "tma_128x128_s6"
@@ -49,16 +49,24 @@ THREADS = 256  # round_bf16's block
 EPILOGUES = ("store", "silu_mul", "silu_mul_bf16")  # the last: silu_mul rounded, bf16 bits out
 
 
-def tile_shape(tile: str) -> tuple[int, int, int, int]:
-    """(rows of X, rows of W, threads, dynamic shared memory bytes) of a block of `tile`."""
-    if tile == WGMMA_TILE:  # + 1 KiB: the ring starts at a 1024-byte boundary (the swizzle)
-        return 128, 128, 256, WGMMA_STAGES * 2 * 128 * 128 + 1024
-    if tile in TMA_TILES:
-        bn, stages = TMA_TILES[tile]
-        return 128, bn, TMA_THREADS, stages * (128 + bn) * 128 + 1024
-    wm, wn, mt, nt, bk, stages = TILES[tile]
+def mma_shape(
+    wm: int, wn: int, mt: int, nt: int, bk: int, stages: int
+) -> tuple[int, int, int, int]:
+    """(rows of X, rows of W, threads, dynamic shared memory bytes) of a block of the mma.sync
+    tile (WM, WN, MT, NT, BK, STAGES)."""
     bm, bn = wm * mt * 16, wn * nt * 8
     return bm, bn, 32 * wm * wn, stages * (bm + bn) * bk * 2
+
+
+def tma_shape(bn: int, stages: int) -> tuple[int, int, int, int]:
+    """The same of a TMA tile of bn rows of W and `stages` ring stages (+ 1 KiB: the ring starts
+    at a 1024-byte boundary, the swizzle's)."""
+    return 128, bn, TMA_THREADS, stages * (128 + bn) * 128 + 1024
+
+
+def tile_shape(tile: str) -> tuple[int, int, int, int]:
+    """(rows of X, rows of W, threads, dynamic shared memory bytes) of a block of `tile`."""
+    return KERNELS[tile].shape
 
 
 MAX_GRID_X = 2**31 - 1
@@ -76,25 +84,51 @@ _SIG = (
     "const unsigned short* W, const unsigned short* Xb, float* Y, long long ldy, int M, int N, "
     "int K, int chunks_per_split, long long split_stride"
 )
-GEMM = {
-    (epi, tile): FAMILY.kernel(f"gemm_bf16act_{epi}_{tile}", _SIG)
-    for epi in EPILOGUES
-    for tile in TILES
-}
-FAMILY_SM90 = Family("gemm_bf16act_sm90", {"WG_STAGES": WGMMA_STAGES}, arch_specific=True)
-GEMM.update(
-    {(epi, WGMMA_TILE): FAMILY_SM90.kernel(f"gemm_bf16act_{epi}_wgmma", _SIG) for epi in EPILOGUES}
-)
-FAMILY_TMA = Family("gemm_bf16act_tma", {}, arch_specific=True)
 _SIG_TMA = "TensorMap wmap, TensorMap xmap" + _SIG[_SIG.index(", float* Y") :]
-GEMM.update(
-    {
-        (epi, tile): FAMILY_TMA.kernel(f"gemm_bf16act_{epi}_{tile}", _SIG_TMA)
-        for epi in EPILOGUES
-        for tile in TMA_TILES
-    }
-)
-ALL_TILES = (*TILES, WGMMA_TILE, *TMA_TILES)
+
+
+class Tile(NamedTuple):
+    """What the launchers need of a tile: its block (tile_shape's four numbers), whether it is
+    fed by TMA (tensor-map operands, whole 64-wide K tiles a split; sm_90 with tensor maps) or
+    runs warpgroup MMAs (sm_90), and its entry per epilogue."""
+
+    name: str
+    shape: tuple[int, int, int, int]
+    tma: bool
+    wgmma: bool
+    kernels: dict[str, KernelSpec]
+
+
+def declare_tile(
+    family: Family,
+    name: str,
+    shape: tuple[int, int, int, int],
+    *,
+    tma: bool = False,
+    wgmma: bool = False,
+    entry: str | None = None,
+) -> Tile:
+    """A tile whose entries gemm_bf16act_<epilogue>_<entry, default name> `family`'s .cu
+    instantiates (TM_TILE / G16_ENTRY of the templates), declared on the family."""
+    sig = _SIG_TMA if tma else _SIG
+    specs = {epi: family.kernel(f"gemm_bf16act_{epi}_{entry or name}", sig) for epi in EPILOGUES}
+    return Tile(name, shape, tma, wgmma or tma, specs)
+
+
+FAMILY_SM90 = Family("gemm_bf16act_sm90", {"WG_STAGES": WGMMA_STAGES}, arch_specific=True)
+FAMILY_TMA = Family("gemm_bf16act_tma", {}, arch_specific=True)
+KERNELS: dict[str, Tile] = {
+    **{t: declare_tile(FAMILY, t, mma_shape(*geom)) for t, geom in TILES.items()},
+    WGMMA_TILE: declare_tile(
+        FAMILY_SM90,
+        WGMMA_TILE,
+        (128, 128, 256, WGMMA_STAGES * 2 * 128 * 128 + 1024),  # + 1 KiB: the 1024-byte boundary
+        wgmma=True,
+        entry="wgmma",
+    ),
+    **{t: declare_tile(FAMILY_TMA, t, tma_shape(*geom), tma=True) for t, geom in TMA_TILES.items()},
+}
+ALL_TILES = tuple(KERNELS)
 
 
 def scratch_elements(k_max: int, rows: int) -> int:
@@ -118,7 +152,7 @@ def project(
     ksplit: int = 1,
     split_stride: int = 0,
     scratch: Any,
-    tile: str,
+    tile: str | Tile,
     rounded: Any = None,
 ) -> None:
     """out = round_bf16(x[:m]) . w^T, queued on the current stream: "store" writes `ksplit`
@@ -129,11 +163,11 @@ def project(
     ("silu_mul_bf16": uint16 rows of N / 2, silu_mul rounded to bf16: the down projection's
     rounded input);
     scratch: uint16 device array of >= m * K elements (16-byte aligned). tile: one of ALL_TILES
-    (pydflash.linear.dispatch's choice). rounded: round_bf16(x) already
-    written by x's producer (uint16, contiguous rows of K, >= m rows): the GEMM reads it and the
-    rounding pass is skipped (scratch unused)."""
+    (pydflash.linear.dispatch's choice), or a Tile (dev/gemm_bf16act_tiles.py's). rounded:
+    round_bf16(x) already written by x's producer (uint16, contiguous rows of K, >= m rows):
+    the GEMM reads it and the rounding pass is skipped (scratch unused)."""
     k = w.in_features
-    ldx = _check(rt, w, x, m, epilogue, ksplit, scratch, m * k, tile)
+    ldx, t = _check(rt, w, x, m, epilogue, ksplit, scratch, m * k, tile)
     if rounded is not None and (
         rounded.dtype != np.uint16
         or rounded.ndim != 2
@@ -151,7 +185,7 @@ def project(
     if rounded is None:
         launch_prepass(rt, ROUND, x, ldx, m, k, Xb=scratch)
     xb = scratch if rounded is None else rounded
-    _launch_gemm(rt, w, xb, m, out, epilogue, ksplit, split_stride, tile)
+    _launch_gemm(rt, w, xb, m, out, epilogue, ksplit, split_stride, t)
 
 
 def project_split(
@@ -163,7 +197,7 @@ def project_split(
     split_stride: int,
     *,
     scratch: Any,
-    tile: str,
+    tile: str | Tile,
     split: bool = True,
 ) -> None:
     """Two partials the consumer adds: out = hi(x[:m]) . w^T and out + split_stride floats =
@@ -182,7 +216,7 @@ def project_split(
     stride_problem, out_problem = split_problems(n, m, split_stride, out)
     if stride_problem:
         raise ShapeError(stride_problem)
-    ldx = _check(rt, w, x, m, "store", 1, scratch, (rows + m) * k, tile)
+    ldx, t = _check(rt, w, x, m, "store", 1, scratch, (rows + m) * k, tile)
     if out_problem:
         raise ShapeError(out_problem)
     if m == 0:
@@ -190,7 +224,7 @@ def project_split(
     hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
     if split:
         launch_prepass(rt, SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
-    _launch_gemm(rt, w, scratch, rows + m, out.reshape(-1), "store", 1, 0, tile)
+    _launch_gemm(rt, w, scratch, rows + m, out.reshape(-1), "store", 1, 0, t)
 
 
 def _check(
@@ -202,19 +236,24 @@ def _check(
     ksplit: int,
     scratch: Any,
     scratch_min: int,
-    tile: str,
-) -> int:
-    """Every refusal of a call, before anything is queued; returns x's row stride."""
+    tile: str | Tile,
+) -> tuple[int, Tile]:
+    """Every refusal of a call, before anything is queued; returns x's row stride and the
+    tile."""
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
-    if tile not in ALL_TILES:
+    if isinstance(tile, Tile):
+        t = tile
+    elif tile in KERNELS:
+        t = KERNELS[tile]
+    else:
         raise ArgumentError(f"tile must be one of {sorted(ALL_TILES)}, found {tile!r}")
     caps = rt.caps
-    if (tile == WGMMA_TILE or tile in TMA_TILES) and not caps.wgmma:
-        raise UnsupportedDeviceError(f"{tile}: wgmma tiles do not run on {caps.arch}")
-    if tile in TMA_TILES and not caps.tma:
+    if t.wgmma and not caps.wgmma:
+        raise UnsupportedDeviceError(f"{t.name}: wgmma tiles do not run on {caps.arch}")
+    if t.tma and not caps.tma:
         raise UnsupportedDeviceError(
-            f"{tile}: the driver cannot encode tensor maps or launch with them"
+            f"{t.name}: the driver cannot encode tensor maps or launch with them"
         )
     if epilogue not in EPILOGUES:
         raise ArgumentError(f"epilogue must be one of {EPILOGUES}, found {epilogue!r}")
@@ -235,25 +274,25 @@ def _check(
         )
     if w.data.data.ptr % 16:
         raise ShapeError("w: weight rows must be 16-byte aligned")
-    bm, bn, threads, smem = tile_shape(tile)
+    bm, bn, threads, smem = t.shape
     if smem > rt.smem_per_block:
         raise UnsupportedDeviceError(
-            f"gemm_bf16act {tile}: needs {smem} bytes of shared memory per block, the device "
+            f"gemm_bf16act {t.name}: needs {smem} bytes of shared memory per block, the device "
             f"offers {rt.smem_per_block}"
         )
     chunks = k // CHUNK
     n_splits, per_split = split_k_plan(chunks, ksplit)
     if n_splits != ksplit:
         raise ShapeError(f"ksplit {ksplit} of {chunks} chunks leaves empty splits")
-    if tile in TMA_TILES and ksplit > 1 and per_split % 2:
+    if t.tma and ksplit > 1 and per_split % 2:
         raise ShapeError(
-            f"{tile}: ksplit {ksplit} cuts {per_split} chunks of {CHUNK} a split; TMA tiles "
+            f"{t.name}: ksplit {ksplit} cuts {per_split} chunks of {CHUNK} a split; TMA tiles "
             "copy whole K tiles of 64 (an even count a split)"
         )
     m_tiles, n_tiles = -(-m // bm), -(-n // bn)
     if m_tiles > MAX_GRID_X or n_tiles > MAX_GRID_Y:
         raise ShapeError(f"gemm_bf16act: {m} x {n} outputs exceed one launch's grid")
-    return ldx
+    return ldx, t
 
 
 def launch_prepass(rt: Runtime, kernel: Any, x: Any, ldx: int, m: int, k: int, **out: Any) -> None:
@@ -272,17 +311,17 @@ def _launch_gemm(
     epilogue: str,
     ksplit: int,
     split_stride: int,
-    tile: str,
+    tile: Tile,
 ) -> None:
     """The GEMM over m bf16 rows xb (checked by _check)."""
-    bm, bn, threads, smem = tile_shape(tile)
+    bm, bn, threads, smem = tile.shape
     n, k = w.out_features, w.in_features
     operands: dict[str, Any] = {"W": w.data, "Xb": xb}
-    if tile in TMA_TILES:  # the tensor maps the producer copies W's and X's tiles by
+    if tile.tma:  # the tensor maps the producer copies W's and X's tiles by
         wmap = tensormap.bf16_rows(w.data.data.ptr, n, k, bn)
         operands = {"wmap": wmap, "xmap": tensormap.bf16_rows(xb.data.ptr, m, k, bm)}
     rt.launch(
-        GEMM[epilogue, tile],
+        tile.kernels[epilogue],
         (-(-m // bm), -(-n // bn), ksplit),
         threads,
         smem,

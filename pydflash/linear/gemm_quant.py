@@ -18,6 +18,7 @@ import numpy as np
 from ..device import tensormap
 from ..device.kernels import Family
 from ..errors import ShapeError, UnsupportedDeviceError
+from ..formats.format import FORMATS as WEIGHT_FORMATS
 from . import gemm_bf16act
 from .split import checked_row_stride, split_problems
 
@@ -25,7 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
     from .split import GpuTensor
 
-FORMATS = ("q8_0", "q4_0")
+# the tensor-core formats whose blocks carry an f16 scale (applied to each K block's sums)
+FORMATS = tuple(f.name for f in WEIGHT_FORMATS.values() if f.tensor_cores and f.scaled)
 STAGES = 4  # K tiles in the ring
 THREADS = 288  # two consumer warpgroups and a producer warp
 BLOCK_N = 128  # weight rows a block
@@ -44,7 +46,7 @@ MAX_GRID_Y = 65535
 
 def tile_bytes(fmt: str) -> int:
     """Bytes of one K tile of a block's quants: 128 rows of 64 int8, or of 32 q4_0 bytes."""
-    return BLOCK_N * (BLOCK_K if fmt == "q8_0" else BLOCK_K // 2)
+    return BLOCK_N * WEIGHT_FORMATS[fmt].data_row_bytes(BLOCK_K)
 
 
 def smem_bytes(fmt: str) -> int:
@@ -77,7 +79,7 @@ def project_split(
     if ldx % 4 or x.data.ptr % 16:  # split_bf16 reads float4s
         problems.append(f"x: rows must be 16-byte aligned (pointer, row stride {ldx} floats)")
     if w.fmt not in FORMATS:
-        problems.append(f"w: gemm_quant takes q8_0 / q4_0 weights, found {w.fmt}")
+        problems.append(f"w: gemm_quant takes {' / '.join(FORMATS)} weights, found {w.fmt}")
     elif w.data.data.ptr % 16:
         problems.append("w: the quants' rows must start 16-byte aligned (tensor-map copies)")
     elif (

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..heads import DEFAULT_MARKOV_KIND
 from ..io import jsonio
 from ..io.jsonio import brief
 from . import bounds, known_drafters, rope
@@ -310,7 +311,7 @@ class DflashCfg:
             )
             markov_type = None
         if markov_rank and markov_type is None:
-            markov_type = "vanilla"
+            markov_type = DEFAULT_MARKOV_KIND
         if markov_type is not None and not markov_rank:
             p.problem("markov_rank", f"must be > 0 when markov_head_type is {markov_type!r}")
         confidence = bool(p.flag("enable_confidence_head", default=False))

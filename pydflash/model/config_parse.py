@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, collected
+from ..heads import MARKOV_KINDS
 from ..io.jsonio import brief
 
 BONUS_ANCHOR = "bonus_anchor"
 SAMPLE_FROM_ANCHOR = "sample_from_anchor"
-MARKOV_TYPES = ("vanilla", "gated", "rnn")
+MARKOV_TYPES = tuple(MARKOV_KINDS)  # markov_head_type values (pydflash.heads)
 HIDDEN_ACTS = ("silu", "swish")
 _REQUIRED: Any = object()
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..device.kernels import Family
+from ..formats.format import FORMATS as WEIGHT_FORMATS
+from ..formats.format import QK
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
 
-QK = 32  # elements per GGML block
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
+# the formats quant.cu quantizes to and splits: the block formats with an f16 scale
+FORMATS = tuple(f.name for f in WEIGHT_FORMATS.values() if f.scaled)
 THREADS = 256
 
 FAMILY = Family("quant", {"QK": QK})
@@ -21,7 +23,7 @@ QUANTIZE = {
         f"const {'float' if src == 'f32' else 'unsigned short'}* src, unsigned char* dst, "
         f"long long rows, long long cols",
     )
-    for fmt in BLOCK_BYTES
+    for fmt in FORMATS
     for src in ("f32", "bf16")
 }
 SPLIT = {
@@ -29,7 +31,7 @@ SPLIT = {
         f"ggml_split_{fmt}",
         "const unsigned char* blocks, unsigned char* qs, unsigned short* d, long long nblocks",
     )
-    for fmt in BLOCK_BYTES
+    for fmt in FORMATS
 }
 
 

@@ -17,14 +17,12 @@ from .. import checks, philox, speculative
 from ..checks import FROM_CONFIG
 from ..draft.kv import kv_dtype as kv_dtype_arg
 from ..errors import ShapeError
+from ..heads import MarkovKind, markov_kind
+from ..heads.markov import sigmoid  # one definition: the Markov kinds' reference steps use it
 from ..io.checkpoint import (
     CONF_B,
     CONF_W,
     D2T,
-    GATE_B,
-    GATE_W,
-    JOINT_B,
-    JOINT_W,
     MARKOV_W1,
     MARKOV_W2,
     MASK_EMBEDDING,
@@ -92,10 +90,6 @@ def rope_neox(
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
 
 
 def attention(
@@ -314,19 +308,16 @@ class ReferenceDraft:
     def markov_bias(
         self, prev: int, h: np.ndarray, state: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """W2-projected bias for one slot given the previous realised token (SPEC §6)."""
-        c, w = self.cfg, self.w
-        e = w[MARKOV_W1][prev]
-        if c.markov_type == "vanilla":
-            return w[MARKOV_W2] @ e, state
-        if c.markov_type == "gated":
-            g = sigmoid(w[GATE_W] @ np.concatenate([h, e]) + w[GATE_B])
-            return w[MARKOV_W2] @ (g * e), state
-        r = c.markov_rank
-        z = w[JOINT_W] @ np.concatenate([state, e, h]) + w[JOINT_B]
-        gate, cand, out = sigmoid(z[:r]), np.tanh(z[r : 2 * r]), z[2 * r :]
-        state = gate * state + (1 - gate) * cand
-        return w[MARKOV_W2] @ np.tanh(out), state
+        """W2-projected bias for one slot given the previous realised token (SPEC §6): W2 . u,
+        u from the head kind's reference step (pydflash.heads.markov)."""
+        u, state = self._markov_kind().reference_step(self.w, h, prev, state)
+        return self.w[MARKOV_W2] @ u, state
+
+    def _markov_kind(self) -> MarkovKind:
+        """The kind of the config's Markov head (a drafter without one has none to ask)."""
+        if self.cfg.markov_type is None:
+            raise ShapeError("markov_bias: this drafter's config declares no Markov head")
+        return markov_kind(self.cfg.markov_type)
 
     def draft(
         self,
@@ -370,7 +361,8 @@ class ReferenceDraft:
         probs = np.zeros((len(rows), lm.shape[0]), self.dtype) if temperature > 0 else None
         conf = np.zeros(len(rows), self.dtype) if c.confidence_head else None
         prev = int(last)
-        state = np.zeros(c.markov_rank, self.dtype) if c.markov_type == "rnn" else None
+        markov = self._markov_kind() if c.has_markov else None
+        state = markov.initial_state(c.markov_rank, self.dtype) if markov is not None else None
         for i, r in enumerate(rows):
             logits = (lm @ h[r]) * self.dtype.type(mult)
             if logit_softcap is not None:

@@ -17,8 +17,8 @@ from pydflash import FROM_CONFIG, DflashCfg, ReferenceDraft
 from pydflash.errors import ShapeError
 from pydflash.io.checkpoint import D2T, MASK_EMBEDDING, backbone_shapes
 from pydflash.reference.drafter import attention, rope_inv_freq, rope_neox
-from tests.test_config import gemma_published
-from tests.test_reference import ind_forward_block, random_weights, tiny_cfg
+from tests.model.test_config import gemma_published
+from tests.reference.test_reference import ind_forward_block, random_weights, tiny_cfg
 
 
 def zlab_visible(q_idx: int, k_idx: int, causal: bool, window: int | None) -> bool:

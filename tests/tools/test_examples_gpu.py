@@ -11,7 +11,7 @@ import pytest
 from pydflash.testing import TOLERANCE, reference_for, rel
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_example(name):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # so plain `pytest` from anywhere finds tools/
     sys.path.insert(0, str(REPO))
 

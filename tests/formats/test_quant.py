@@ -21,9 +21,9 @@ from pydflash.formats.codec import (
     encode_q8_0,
     f32_from_bf16_bits,
     from_bf16,
-    nbytes,
     to_bf16,
 )
+from pydflash.formats.format import FORMATS, nbytes
 
 F32_BELOW_HALF = np.float32(0.5 - 2.0**-25)  # 0.49999997f: the largest float32 below 0.5
 
@@ -414,7 +414,7 @@ def test_to_bf16_and_back_shapes_and_dtypes() -> None:
 
 
 def test_nbytes() -> None:
-    assert quant.FORMAT_BYTES_PER_BLOCK == {"q8_0": 34, "q4_0": 18}
+    assert {f: FORMATS[f].bytes_per_block for f in ("q8_0", "q4_0")} == {"q8_0": 34, "q4_0": 18}
     assert nbytes("f32", 3, 40) == 480
     assert nbytes("bf16", 3, 40) == 240
     assert nbytes("q8_0", 3, 64) == 3 * 2 * 34
@@ -486,7 +486,7 @@ def test_shapes_are_validated(rows, cols):
     """Negative, fractional or absurd dimensions are a QuantizationError (no raw error, no
     negative byte count)."""
     with pytest.raises(QuantizationError, match="must be an integer"):
-        quant.nbytes("q8_0", rows, cols)
+        nbytes("q8_0", rows, cols)
     with pytest.raises(QuantizationError, match="must be an integer"):
         quant.decode_q8_0(b"", (rows, cols))
     with pytest.raises(QuantizationError, match="must be an integer"):

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from pydflash import Checkpoint, DflashCfg, PydflashError, ReferenceDraft, ReferenceKv
 from pydflash.formats import codec as quant
+from pydflash.formats import format as weight_formats
 from pydflash.model import bounds
 from tools.make_checkpoint import make_checkpoint
 
@@ -915,7 +916,7 @@ def test_quant_shapes(examples):
             "scalar": rows,
             "none": None,
         }[shape_kind]
-        outcome("quant_nbytes", lambda: quant.nbytes(fmt, rows, cols))
+        outcome("quant_nbytes", lambda: weight_formats.nbytes(fmt, rows, cols))
         if fmt == "q8_0":
             outcome("quant_decode", lambda: quant.decode_q8_0(buf, shape))
         elif fmt == "q4_0":

@@ -1,9 +1,9 @@
 """The decode linears (linear_v3.cu for the tensor-core formats, linear.cu's FFMA for f32)
 against NumPy: integer-exact quant decoding, K edges and split plans, ragged rows, unaligned
 scale views, results independent of the batch and of programmatic dependent launch; v3
-independent of its block shape and compile-time configuration, and its sampling partials
-against linear.cu's sampling epilogue (skipped without CUDA). v3 against the retired v2 kernel
-bit for bit: dev/tests/test_linear_v2_gpu.py."""
+independent of its block shape and compile-time configuration (skipped without CUDA). v3
+against the retired v2 kernel bit for bit: dev/tests/test_linear_v2_gpu.py; v3's sampling
+entries (dev/) against linear.cu's: dev/tests/test_linear_v3_sample_gpu.py."""
 
 import numpy as np
 import pytest
@@ -213,48 +213,6 @@ def test_v3_results_do_not_depend_on_block_shape_or_configuration(engine, rng, f
     want = x_h.astype(np.float64) @ w.dequantize().astype(np.float64).T
     for other in (run(), run(inner=1, groups=4)):  # other sum orders: the same rounding level
         assert rel(other.sum(0), want) < 2e-5
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("temp", [0.0, 0.8])
-def test_v3_sampling_partials_equal_linear_cus(engine, rng, fmt, temp):
-    """project_sample: with linear.cu's 4 slices the partials and the stored logits are
-    linear.cu's sampling epilogue's bit for bit (capped, plus a residual row); with v3's own
-    plan the logits agree to the rounding."""
-    from pydflash import GpuTensor
-    from pydflash.linear import decode as linear
-    from pydflash.linear import decode_v3 as linear_v3
-
-    e, n, k, m = engine, 3000, 1024, 11
-    w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
-    x = e.htod(rng.standard_normal((m, k)).astype(np.float32))
-    resid = e.htod(rng.standard_normal((m, n)).astype(np.float32))
-    params = e.htod(np.array([temp, 30.0], np.float32))
-    rng_state = e.htod(np.array([7, 9, 1234, 0], np.uint32))
-    blocks = linear.sample_blocks(w)
-
-    def run(kernel, inner=None):
-        y = poisoned(e, (m, n))
-        part, part_idx = poisoned(e, (blocks, m, 4)), e.empty((blocks, m), np.int32)
-        kw = dict(params=params, rng=rng_state, apply_cap=True, y=y, residual=resid, part=part)
-        with e.ordered():
-            if kernel == "v2":
-                linear.project_sample(e, w, x, m, part_idx=part_idx, slot_base=3, **kw)
-            else:
-                linear_v3.project_sample(
-                    e, w, x, m, part_idx=part_idx, slot_base=3, inner=inner, **kw
-                )
-        return e.dtoh(y), e.dtoh(part), e.dtoh(part_idx)
-
-    y2, p2, i2 = run("v2")
-    assert not np.isnan(y2).any() and not np.isnan(p2).any()
-    y3, p3, i3 = run("v3", inner=linear.WARPS)
-    np.testing.assert_array_equal(y3, y2)
-    np.testing.assert_array_equal(p3, p2)
-    np.testing.assert_array_equal(i3, i2)
-    y3, p3, i3 = run("v3")
-    assert np.abs(y3 - y2).max() <= 1e-5 * np.abs(y2).max()
-    assert (i3 >= 0).all() and (i3 // 32 == np.arange(blocks)[:, None]).all()
 
 
 def test_v3_refuses_misaligned_activations_and_f32_takes_the_ffma_kernel(engine, rng):

@@ -12,7 +12,7 @@ import pytest
 from tools import load_check
 from tools import make_checkpoint as mc
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_main(main, argv, capsys):

@@ -10,7 +10,7 @@ import pytest
 from pydflash.errors import ArgumentError, ShapeError, UnsupportedDeviceError
 from pydflash.linear import decode as linear
 from pydflash.linear import gemm_bf16act
-from tests.test_gemm import FakeArray, fake_w
+from tests.linear.test_gemm import FakeArray, fake_w
 
 TILE = gemm_bf16act.DEFAULT_TILE
 

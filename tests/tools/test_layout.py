@@ -5,7 +5,7 @@ import cycle between pydflash modules, not even one that only type checking foll
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "pydflash"
+PKG = Path(__file__).resolve().parents[2] / "pydflash"
 MODULES = {
     ".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__"): p
     for p in PKG.rglob("*.py")

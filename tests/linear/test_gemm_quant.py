@@ -2,7 +2,7 @@
 quant tile as u8_rows' copy leaves it, tensormap.box_swizzle; the kernel's 16-bit loads at its
 row key; its byte-permute / FADD and bf16x2 FMA conversions) gives, for every thread of a
 block and both GGML blocks of a K tile, exactly the quants mma.m16n8k16's A layout puts there,
-on fresh random quants. The GPU run is tests/test_gemm_quant_gpu.py."""
+on fresh random quants. The GPU run is tests/linear/test_gemm_quant_gpu.py."""
 
 import ml_dtypes
 import numpy as np

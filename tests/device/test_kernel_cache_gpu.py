@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import json, sys, time

@@ -1,5 +1,5 @@
-"""Batched drafting (DflashDraft's batched calls) against single-sequence rounds, bit for bit: ragged
-lens, sliding windows far past the window (rings), roll-backs, slots added and removed, graph
+"""Batched drafting (DflashDraft's batched calls) against single-sequence rounds, bit for bit:
+ragged lens, sliding windows past the window (rings), roll-backs, slots added and removed, graph
 buckets with padding, called from CuPy's default stream with fresh inputs freed after each
 call and results read with cp.asnumpy (skipped without a CUDA device)."""
 

@@ -1,5 +1,5 @@
 """pydflash.device.tensormap's refusals and the TensorMap kernel parameter (CPU: the encoding itself
-needs the driver and runs in tests/test_gemm_bf16act_gpu.py's TMA tiles)."""
+needs the driver and runs in tests/linear/test_gemm_bf16act_gpu.py's TMA tiles)."""
 
 import pytest
 

@@ -10,7 +10,7 @@ import pytest
 from pydflash import linear
 from pydflash.device.caps import Caps
 from pydflash.linear import dispatch, gemm_bf16act
-from tests.test_gemm import FakeArray, fake_w
+from tests.linear.test_gemm import FakeArray, fake_w
 
 H200 = Caps.synthetic("sm_90")
 NO_TMA = Caps.synthetic("sm_90", tensor_maps=False)
@@ -74,10 +74,13 @@ def test_batched_bf16_tiles():
         assert kernel("batched_bf16", "bf16", 129, caps) == ("bf16act", gemm_bf16act.DEFAULT_TILE)
     for fmt in ("q8_0", "q4_0", "f32"):  # the exact decode linear keeps them
         assert kernel("batched_bf16", fmt, 4096, H200).kernel.startswith("decode")
-    forced = dispatch.Policy(wgmma_tile="tma_128x256_s4")  # bench_round --tile
-    assert kernel("batched_bf16", "bf16", 512, H200, policy=forced).tile == "tma_128x256_s4"
-    with pytest.raises(ValueError, match="wgmma_tile"):
-        dispatch.Policy(wgmma_tile="w8_128x128_k64")
+    forced = dispatch.Policy(wgmma_tile="wgmma_128x128_k64")  # bench_round --tile
+    assert kernel("batched_bf16", "bf16", 512, H200, policy=forced).tile == "wgmma_128x128_k64"
+    assert kernel("ingest", "bf16", G, H200, policy=forced).tile == "wgmma_128x128_k64"
+    assert dispatch.WGMMA_TILES == ("wgmma_128x128_k64", "tma_128x128_s6")  # what ships
+    for other in ("w8_128x128_k64", "tma_128x256_s4"):  # an mma.sync tile; a dev/ tile
+        with pytest.raises(ValueError, match="wgmma_tile"):
+            dispatch.Policy(wgmma_tile=other)
     with pytest.raises(ValueError, match="mode must be one of"):
         kernel("decode", "bf16", 1, H200)
 
@@ -151,3 +154,17 @@ def test_every_chosen_kernel_is_one_the_launchers_have():
                     assert c.kernel in kernels
                     if c.kernel.startswith("bf16act"):
                         assert c.tile in gemm_bf16act.ALL_TILES
+
+
+def test_every_shipped_tile_is_one_the_table_takes():
+    """The package ships the gemm_bf16act tiles the table reaches by default, no other (the
+    tiles they were chosen against live in dev/gemm_bf16act_tiles.py)."""
+    taken = set()
+    for caps in [H200, NO_TMA, *OTHERS, NEW]:
+        for mode in ("batched_bf16", "ingest"):
+            for rows in (64, 65, 128, 129, G, 4096):
+                for ksplit in (1, 2, 3):
+                    c = kernel(mode, "bf16", rows, caps, ksplit=ksplit)
+                    if c.kernel.startswith("bf16act"):
+                        taken.add(c.tile)
+    assert taken == set(gemm_bf16act.ALL_TILES)

@@ -1,5 +1,5 @@
 """The GEMM launcher's rules without a GPU: its shared memory, its grid and the arguments it
-refuses (fake device arrays stand in for CuPy's); where it runs: tests/test_dispatch.py."""
+refuses (fake device arrays stand in for CuPy's); where it runs: tests/linear/test_dispatch.py."""
 
 import types
 

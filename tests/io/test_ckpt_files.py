@@ -20,7 +20,7 @@ from pydflash.errors import CheckpointError
 from pydflash.io.safetensors import read_header
 from tools.make_checkpoint import make_checkpoint
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 OPENED: list[str] | None = None
 
 

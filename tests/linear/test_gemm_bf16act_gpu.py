@@ -1,7 +1,8 @@
-"""The bf16-activation GEMM of batched rounds (cuda_src/gemm_bf16act.cu) against a float64
+"""The bf16-activation GEMM of batched rounds (cuda_src/gemm_bf16act*.cu) against a float64
 NumPy product of the same bf16-rounded activations, every element checked, on fresh random
 inputs: tile edges, K splits, the silu_mul epilogue, and writes outside the output (skipped
-without a CUDA device)."""
+without a CUDA device). Every tile the package ships; the check_* functions also run the tiles
+of dev/gemm_bf16act_tiles.py (dev/tests/test_gemm_bf16act_tiles_gpu.py)."""
 
 import ml_dtypes
 import numpy as np
@@ -10,16 +11,10 @@ import pytest
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
 TILES = [
-    "w8_128x128_k32",
-    "w4_128x128_k32",
     "w8_128x128_k64",
-    "w4_128x128_k64",
-    "w8_128x256_k32",
     "w4_64x128_k64",
     "wgmma_128x128_k64",  # sm_90 only (skipped elsewhere)
-    "tma_128x128_s3",  # sm_90 only: TMA-fed, warp-specialised
-    "tma_128x128_s6",
-    "tma_128x256_s4",
+    "tma_128x128_s6",  # sm_90 only: TMA-fed, warp-specialised
 ]  # gemm_bf16act.ALL_TILES, every one checked
 
 
@@ -63,25 +58,36 @@ def scratch_for(m, k):
     return cp.empty(m * k + 64, np.uint16)
 
 
-@pytest.mark.parametrize(
-    "m,n,k,ksplit",
-    [
-        (64, 128, 32, 1),
-        (200, 333, 96, 1),
-        (256, 4096, 4096, 4),
-        (1000, 136, 1056, 3),
-        (1000, 136, 1056, 6),  # 6 chunks a split, the last 3: a half-empty last K tile
-        (513, 264, 1088, 3),
-        (129, 8, 64, 2),
-    ],
-)
-@pytest.mark.parametrize("tile", TILES)
-def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
-    from pydflash.errors import ShapeError
-    from pydflash.linear import decode as linear
+STORE_CASES = [
+    (64, 128, 32, 1),
+    (200, 333, 96, 1),
+    (256, 4096, 4096, 4),
+    (1000, 136, 1056, 3),
+    (1000, 136, 1056, 6),  # 6 chunks a split, the last 3: a half-empty last K tile
+    (513, 264, 1088, 3),
+    (129, 8, 64, 2),
+]
+SILU_CASES = [(64, 64, 64), (300, 8 * 37, 128), (256, 12288, 4096)]
+SPLIT_CASES = [(64, 128, 32), (200, 2048, 4096), (1000, 136, 1056), (129, 8, 64)]
+
+
+def shipped():
+    """The launchers of the shipped tiles (a dev test passes dev/gemm_bf16act_tiles.py's)."""
     from pydflash.linear import gemm_bf16act
 
-    e = engine
+    return gemm_bf16act
+
+
+@pytest.mark.parametrize("m,n,k,ksplit", STORE_CASES)
+@pytest.mark.parametrize("tile", TILES)
+def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
+    check_store_partials(engine, rng, m, n, k, ksplit, tile, shipped())
+
+
+def check_store_partials(e, rng, m, n, k, ksplit, tile, lib):
+    from pydflash.errors import ShapeError
+    from pydflash.linear import decode as linear
+
     needs_arch(e, tile)
     w, wd = weight(e, rng, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -90,16 +96,16 @@ def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
     out = cp.full((ksplit + 1, m + 2, n), np.nan, np.float32)  # one spare split, spare rows
     stride = (m + 2) * n
     _, per = linear.split_k_plan(k // 32, ksplit)
-    if tile in gemm_bf16act.TMA_TILES and ksplit > 1 and per % 2:
+    if tile.startswith("tma") and ksplit > 1 and per % 2:
         with e.ordered(), pytest.raises(ShapeError, match="whole K tiles"):
-            gemm_bf16act.project(
+            lib.project(
                 e, w, cp.asarray(x), m, out, ksplit=ksplit, split_stride=stride,
                 scratch=scratch_for(m, k), tile=tile,
             )  # fmt: skip
         assert np.isnan(cp.asnumpy(out)).all(), "a refused call wrote"
         return
     with e.ordered():
-        gemm_bf16act.project(
+        lib.project(
             e,
             w,
             cp.asarray(x),
@@ -129,19 +135,21 @@ def test_store_partials_match_float64(engine, rng, m, n, k, ksplit, tile):
     )
 
 
-@pytest.mark.parametrize("m,n_ff,k", [(64, 64, 64), (300, 8 * 37, 128), (256, 12288, 4096)])
+@pytest.mark.parametrize("m,n_ff,k", SILU_CASES)
 @pytest.mark.parametrize("tile", TILES)
 def test_silu_mul_matches_float64(engine, rng, m, n_ff, k, tile):
-    from pydflash.draft.weights import GATE_UP_GROUP
-    from pydflash.linear import gemm_bf16act
+    check_silu_mul(engine, rng, m, n_ff, k, tile, shipped())
 
-    e = engine
+
+def check_silu_mul(e, rng, m, n_ff, k, tile, lib):
+    from pydflash.draft.weights import GATE_UP_GROUP
+
     needs_arch(e, tile)
     w, wd = weight(e, rng, 2 * n_ff, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     out = cp.full((m + 1, n_ff + 3), np.nan, np.float32)
     with e.ordered():
-        gemm_bf16act.project(
+        lib.project(
             e, w, cp.asarray(x), m, out[:, :n_ff], "silu_mul", scratch=scratch_for(m, k), tile=tile
         )
     got = cp.asnumpy(out)
@@ -157,7 +165,7 @@ def test_silu_mul_matches_float64(engine, rng, m, n_ff, k, tile):
     # silu_mul_bf16 (the batched round's down input): the same values, rounded to nearest even
     rounded = cp.full((m + 1, n_ff + 4), 0xFFFF, np.uint16)  # NaN bits around Y
     with e.ordered():
-        gemm_bf16act.project(
+        lib.project(
             e,
             w,
             cp.asarray(x),
@@ -192,20 +200,17 @@ def test_refusals(engine, rng):
             gemm_bf16act.project(e, w, x[:, :32], 64, out, scratch=scratch_for(64, 64), tile=TILE)
 
 
-@pytest.mark.parametrize(
-    "m,n,k", [(64, 128, 32), (200, 2048, 4096), (1000, 136, 1056), (129, 8, 64)]
-)
-@pytest.mark.parametrize(
-    "tile", ["w4_64x128_k64", "w8_128x128_k64", "wgmma_128x128_k64", "tma_128x128_s3"]
-)
+@pytest.mark.parametrize("m,n,k", SPLIT_CASES)
+@pytest.mark.parametrize("tile", TILES)
 def test_split_partials_are_the_hi_and_lo_products(engine, rng, m, n, k, tile):
     """project_split (ingest_ctx's projection on sm_90): partial 0 = hi(x) . w^T and partial 1
     = lo(x) . w^T, x = hi + lo to ~2^-16 (the exact paths' split), each within f32 summation
     rounding of its float64 product, and their sum within the split's residue of the f32
     product: gemm.matmul's accuracy, not the bf16-activation rounding."""
-    from pydflash.linear import gemm_bf16act
+    check_split(engine, rng, m, n, k, tile, shipped())
 
-    e = engine
+
+def check_split(e, rng, m, n, k, tile, lib):
     needs_arch(e, tile)
     w, wd = weight(e, rng, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -214,7 +219,7 @@ def test_split_partials_are_the_hi_and_lo_products(engine, rng, m, n, k, tile):
     stride = (m + 3) * n  # 3 spare rows after the first partial (scratch rows)
     out = cp.full((2 * stride,), np.nan, np.float32)
     with e.ordered():
-        gemm_bf16act.project_split(
+        lib.project_split(
             e, w, cp.asarray(x), m, out, stride, scratch=scratch_for(2 * m + 3, k), tile=tile
         )
     got = cp.asnumpy(out)
