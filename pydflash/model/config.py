@@ -44,8 +44,23 @@ __all__ = [
     "HIDDEN_ACTS",
     "MARKOV_TYPES",
     "SAMPLE_FROM_ANCHOR",
+    "Dflash2Cfg",
     "DflashCfg",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Dflash2Cfg:
+    """A DFlash2 drafter's head (config `dflash_config`): each layer's attention and MLP
+    sublayers are wrapped in a causal depthwise conv over the block rows, of `conv_kernel_size`
+    taps whose kernel is a learned base plus a per-row part projected from the normed input,
+    shared by groups of `conv_group_size` channels; the proposal walks `selector_top_k`
+    candidates a row, rescored through rank-`selector_rank` predecessor / successor codebooks."""
+
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +132,8 @@ class DflashCfg:
     # A learned MASK embedding (mask_embedding.pt beside config.json, vLLM / SGLang's MiMo
     # convention): 0 none; 1 one row for every MASK slot; block_size - 1 one row a slot
     mask_embedding_rows: int = 0
+    # DFlash2's conv and candidate selector (Dflash2Cfg), None for DFlash / DSpark drafters
+    dflash2: Dflash2Cfg | None = None
 
     def __post_init__(self) -> None:
         if not bounds.is_int(self.n_layer) or not 1 <= self.n_layer <= bounds.MAX_LAYERS:
