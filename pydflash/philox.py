@@ -18,6 +18,8 @@ step that samples (T > 0) uses `offset` and then advances it by one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .errors import ArgumentError, ShapeError
@@ -29,15 +31,45 @@ STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2
 MAX_ROWS = 1 << 16  # rows per stream (the counter's second word holds stream << 16 | row)
 _MASK = np.uint64(0xFFFFFFFF)
 _U64_MAX = (1 << 64) - 1
+MAX_ROUNDS = 16  # Philox is specified for up to 16 rounds (the paper's 7 and 10 are the KATs)
+MAX_COLS = 1 << 24  # columns a stream row draws (a vocabulary: 16.7 M ids)
+MAX_DRAWS = 1 << 26  # uniforms one host call makes (256 MiB of float32)
+
+
+def _integer(value: object, name: str, lo: int, hi: int) -> int:
+    """An integer (Python or NumPy, not bool) in [lo, hi]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentError(f"{name}: expected an integer in [{lo}, {hi}], found {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ArgumentError(f"{name}: {value} outside [{lo}, {hi}]")
+    return int(value)
+
+
+def _words(a: object, name: str, width: int) -> np.ndarray:
+    """An integer array [..., width] of 32-bit words (values in [0, 2^32)), as uint64."""
+    arr = np.asarray(a)
+    if arr.dtype == np.bool_ or arr.dtype.kind not in "iu":
+        raise ArgumentError(f"{name}: expected integer words, found dtype {arr.dtype}")
+    if arr.shape[-1:] != (width,):
+        raise ShapeError(f"{name}: expected shape [..., {width}], found {list(arr.shape)}")
+    if arr.size > 4 * MAX_DRAWS:
+        raise ShapeError(f"{name}: {arr.size} words, more than {4 * MAX_DRAWS} a call")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
+        raise ArgumentError(f"{name}: words must lie in [0, 2^32)")
+    return arr.astype(np.uint64)
 
 
 def philox4x32(ctr: np.ndarray, key: np.ndarray, rounds: int = ROUNDS) -> np.ndarray:
     """Philox4x32-R of counters ctr [..., 4] under keys key [..., 2] (uint32, broadcast against
     each other) -> uint32 [..., 4]."""
-    c = np.asarray(ctr, dtype=np.uint64)
-    k = np.asarray(key, dtype=np.uint64)
-    if c.shape[-1:] != (4,) or k.shape[-1:] != (2,):
-        raise ShapeError(f"philox4x32: ctr [..., 4] and key [..., 2], found {c.shape}, {k.shape}")
+    c, k = _words(ctr, "ctr", 4), _words(key, "key", 2)
+    rounds = _integer(rounds, "rounds", 1, MAX_ROUNDS)
+    try:
+        np.broadcast_shapes(c.shape[:-1], k.shape[:-1])
+    except ValueError:
+        raise ShapeError(
+            f"philox4x32: ctr {list(c.shape)} and key {list(k.shape)} do not broadcast"
+        ) from None
     c0, c1, c2, c3 = c[..., 0], c[..., 1], c[..., 2], c[..., 3]
     k0, k1 = k[..., 0], k[..., 1]
     m0, m1 = np.uint64(M0), np.uint64(M1)
@@ -66,17 +98,36 @@ def check_seed(value: object, name: str) -> int:
 
 def to_unit(bits: np.ndarray) -> np.ndarray:
     """uint32 words -> float32 uniforms ((x >> 9) + 0.5) * 2^-23, strictly inside (0, 1)."""
-    hi = (np.asarray(bits, np.uint32) >> np.uint32(9)).astype(np.float32)
+    arr = np.asarray(bits)
+    if arr.dtype == np.bool_ or arr.dtype.kind not in "iu":
+        raise ArgumentError(f"bits: expected integer words, found dtype {arr.dtype}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
+        raise ArgumentError("bits: words must lie in [0, 2^32)")
+    hi = (arr.astype(np.uint32) >> np.uint32(9)).astype(np.float32)
     return (hi + np.float32(0.5)) * np.float32(2.0**-23)
 
 
-def uniforms(seed: int, offset: int, stream: int, rows: int | range, cols: int) -> np.ndarray:
+def uniforms(
+    seed: int, offset: int, stream: int, rows: int | range | Sequence[int], cols: int
+) -> np.ndarray:
     """float32 [len(rows), cols]: the uniform of (stream, row, col) at (seed, offset) for each
     row of `rows` (an int n means range(n)) and col < cols — what the kernels draw."""
     seed, offset = check_seed(seed, "seed"), check_seed(offset, "offset")
-    rows = range(rows) if isinstance(rows, int) else rows
-    if not 0 <= stream < MAX_ROWS or not all(0 <= r < MAX_ROWS for r in rows):
-        raise ShapeError(f"uniforms: stream and rows must lie in [0, {MAX_ROWS})")
+    stream = _integer(stream, "stream", 0, MAX_ROWS - 1)
+    cols = _integer(cols, "cols", 0, MAX_COLS)
+    if isinstance(rows, (int, np.integer)) and not isinstance(rows, (bool, np.bool_)):
+        rows = range(_integer(rows, "rows", 0, MAX_ROWS))
+    elif not isinstance(rows, range):  # a sequence of row indices
+        items = np.asarray(rows)
+        if items.ndim != 1 or (items.size and items.dtype.kind not in "iu"):
+            raise ArgumentError(
+                f"rows: expected a count or a sequence of row indices, found {rows!r}"
+            )
+        rows = [int(r) for r in items]
+    if len(rows) and (min(rows) < 0 or max(rows) >= MAX_ROWS):
+        raise ArgumentError(f"rows: must lie in [0, {MAX_ROWS})")
+    if len(rows) * cols > MAX_DRAWS:
+        raise ShapeError(f"uniforms: {len(rows)} x {cols} draws, more than {MAX_DRAWS} a call")
     groups = -(-cols // 4)  # word col % 4 of the counter col // 4
     ctr = np.empty((len(rows), groups, 4), np.uint64)
     ctr[..., 0] = np.arange(groups, dtype=np.uint64)[None, :]
@@ -96,5 +147,6 @@ def state_words(seed: int, offset: int) -> np.ndarray:
 
 def from_words(words: np.ndarray) -> tuple[int, int]:
     """(seed, offset) of a device RNG state read back."""
-    w = [int(x) for x in np.asarray(words, np.uint32).reshape(-1)[:4]]
+    arr = _words(np.asarray(words).reshape(-1), "words", 4)
+    w = [int(x) for x in arr]
     return w[0] | (w[1] << 32), w[2] | (w[3] << 32)

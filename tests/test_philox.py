@@ -123,7 +123,46 @@ def test_state_words_round_trip_and_checks():
             philox.state_words(bad, 0)
     with pytest.raises(ArgumentError, match="offset"):
         philox.uniforms(0, -1, 0, 1, 4)
-    with pytest.raises(ShapeError, match="rows"):
+    with pytest.raises(ArgumentError, match="rows"):
         philox.uniforms(0, 0, 0, [philox.MAX_ROWS], 4)
-    with pytest.raises(ShapeError, match="stream"):
+    with pytest.raises(ArgumentError, match="stream"):
         philox.uniforms(0, 0, philox.MAX_ROWS, 1, 4)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: philox.uniforms(1, 0, 0, 1, 10**12), ArgumentError, "cols"),  # not allocated
+        (lambda: philox.uniforms(1, 0, 0, 60000, 60000), ShapeError, "draws"),
+        (lambda: philox.uniforms(1, 0, 1.5, 1, 4), ArgumentError, "stream"),
+        (lambda: philox.uniforms(1, 0, 0, 1, 4.0), ArgumentError, "cols"),
+        (lambda: philox.uniforms(1, 0, 0, [0.5], 4), ArgumentError, "rows"),
+        (lambda: philox.uniforms(1, 0, 0, True, 4), ArgumentError, "rows"),
+        (lambda: philox.from_words([1, 2, 3]), ShapeError, "words"),
+        (lambda: philox.from_words([-1, 2, 3, 4]), ArgumentError, "words"),
+        (lambda: philox.from_words([1.0, 2, 3, 4]), ArgumentError, "words"),
+        (
+            lambda: philox.philox4x32(np.zeros(4, np.uint32), np.zeros(2, np.uint32), 10**9),
+            ArgumentError,
+            "rounds",
+        ),
+        (lambda: philox.philox4x32(np.zeros(4), np.zeros(2, np.uint32)), ArgumentError, "ctr"),
+        (
+            lambda: philox.philox4x32(np.zeros((3, 4), np.uint32), np.zeros((2, 2), np.uint32)),
+            ShapeError,
+            "broadcast",
+        ),
+        (lambda: philox.philox4x32([2**32, 0, 0, 0], [0, 0]), ArgumentError, "ctr"),
+        (lambda: philox.to_unit(np.array([0.5])), ArgumentError, "bits"),
+    ],
+)
+def test_every_argument_is_checked_before_any_work(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_numpy_integers_are_accepted_as_python_ints():
+    a = philox.uniforms(np.uint64(7), np.int64(3), np.int64(1), np.int32(2), np.int64(5))
+    np.testing.assert_array_equal(a, philox.uniforms(7, 3, 1, 2, 5))
+    words = philox.state_words(2**40 + 5, 2**33 + 1)
+    assert philox.from_words(words) == (2**40 + 5, 2**33 + 1)
