@@ -179,14 +179,26 @@ def _positive_finite(v: Any) -> bool:
 def check_cfg(cfg: Any, source: str = "config") -> None:
     """Raise one ConfigError naming every bound a DflashCfg breaks (config imports this
     module, so DflashCfg is not named in the signatures)."""
+    # a DflashKv is made per forward_block: checked once per cfg. The key holds every field's
+    # type beside the cfg, since equal values of other types (2.0 == 2) hash alike
+    types = _types_of(cfg)
     try:
-        problems = _cached_problems(cfg)  # a DflashKv is made per forward_block: check once
+        problems = _cached_problems(cfg, types)
     except TypeError:  # unhashable: a cfg made by hand with lists in it
         problems = tuple(cfg_problems(cfg))
     if problems:
         raise ConfigError(collected(source, list(problems)))
 
 
+def _types_of(v: Any) -> Any:
+    """v's type, and its items' or fields' types, nested (tuples, dataclasses)."""
+    if isinstance(v, tuple):
+        return (tuple, *(_types_of(x) for x in v))
+    if hasattr(v, "__dataclass_fields__"):
+        return (type(v), *(_types_of(getattr(v, f)) for f in v.__dataclass_fields__))
+    return type(v)
+
+
 @functools.lru_cache(maxsize=64)
-def _cached_problems(cfg: Any) -> tuple[str, ...]:
+def _cached_problems(cfg: Any, types: Any) -> tuple[str, ...]:
     return tuple(cfg_problems(cfg))

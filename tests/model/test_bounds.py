@@ -161,3 +161,19 @@ def test_strict_json_module():
     assert jsonio.brief(10**5000).startswith("<an integer of")
     with pytest.raises(jsonio.JsonError):
         jsonio.check_tree([[[[1]]]], max_depth=3)
+
+
+def test_the_check_cache_does_not_take_an_equal_value_of_another_type():
+    """2.0 == 2 and hashes alike: a cfg checked once must not let its float twin through."""
+    import dataclasses
+
+    from pydflash.reference.state import ReferenceKv
+
+    good = DflashCfg.from_dict(base())
+    bounds.check_cfg(good)  # cached as clean
+    twin = dataclasses.replace(good, n_layer=float(good.n_layer))
+    assert twin == good and hash(twin) == hash(good)
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        bounds.check_cfg(twin)
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        ReferenceKv(twin, 4)
