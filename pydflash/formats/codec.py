@@ -44,7 +44,11 @@ def bf16_bits_from_f32(a: ArrayLike) -> np.ndarray:
     Plain RNE on the bits would turn a NaN whose payload sits in the low 16 bits into inf,
     so NaNs keep their top bits and get the quiet bit set instead.
     """
-    bits = np.asarray(a, dtype=np.float32).view(np.uint32)
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "fiub" and arr.dtype != ml_dtypes.bfloat16:
+        raise QuantizationError(f"bf16: expected real numbers, found dtype {arr.dtype}")
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, as the device rounds
+        bits = arr.astype(np.float32).view(np.uint32)
     rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
     is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
     return np.where(is_nan, (bits >> 16) | 0x0040, rounded).astype(np.uint16)
@@ -52,7 +56,14 @@ def bf16_bits_from_f32(a: ArrayLike) -> np.ndarray:
 
 def f32_from_bf16_bits(u16: ArrayLike) -> np.ndarray:
     """bf16 bit patterns -> float32 (exact: bf16 is the top half of a float32)."""
-    return (np.asarray(u16, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    arr = np.asarray(u16)
+    if arr.dtype.kind == "V" and arr.dtype.itemsize == 2:  # raw 2-byte elements: their bits
+        arr = arr.view(np.uint16)
+    if arr.dtype == np.bool_ or arr.dtype.kind not in "iu":
+        raise QuantizationError(f"bf16 bits: expected integers, found dtype {arr.dtype}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFF):
+        raise QuantizationError("bf16 bits: values must lie in [0, 65535]")
+    return (arr.astype(np.uint32) << 16).view(np.float32)
 
 
 def to_bf16(a: ArrayLike) -> np.ndarray:

@@ -493,3 +493,27 @@ def test_shapes_are_validated(rows, cols):
         quant.decode_q4_0(b"", [rows, cols])
     with pytest.raises(QuantizationError, match="2-D shape"):
         quant.decode_q8_0(b"", 32)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: quant.f32_from_bf16_bits([-1]), "bf16 bits"),
+        (lambda: quant.f32_from_bf16_bits([2**16]), "bf16 bits"),
+        (lambda: quant.f32_from_bf16_bits([1.5]), "bf16 bits"),
+        (lambda: quant.f32_from_bf16_bits([True]), "bf16 bits"),
+        (lambda: quant.bf16_bits_from_f32(["a"]), "real numbers"),
+        (lambda: quant.bf16_bits_from_f32([1 + 2j]), "real numbers"),
+    ],
+)
+def test_bit_helpers_refuse_what_is_not_theirs(call, match):
+    with pytest.raises(QuantizationError, match=match):
+        call()
+
+
+def test_bit_helpers_on_their_edges(rng):
+    bits = rng.integers(0, 2**16, size=64).astype(np.int64)  # any integer dtype, in range
+    got = quant.f32_from_bf16_bits(bits)
+    np.testing.assert_array_equal(got.view(np.uint32), bits.astype(np.uint32) << 16)
+    # past float32's range: inf with its sign, as the device rounds
+    np.testing.assert_array_equal(quant.bf16_bits_from_f32([1e39, -1e39]), [0x7F80, 0xFF80])
