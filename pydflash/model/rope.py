@@ -54,6 +54,15 @@ class RopeSpec:
             raise ConfigError(
                 f"RopeSpec.theta: must be a finite number > 0, found {brief(self.theta)}"
             )
+        problems = []
+        for name in _REAL_FIELDS:  # a spec made by hand: real numbers or None, finite
+            v = getattr(self, name)
+            if v is not None and not _finite_real(v):
+                problems.append(f"{name}: must be a finite number or None, found {brief(v)}")
+        if self.truncate is not None and not isinstance(self.truncate, bool):
+            problems.append(f"truncate: must be True, False or None, found {brief(self.truncate)}")
+        if problems:
+            raise ConfigError("RopeSpec: " + "; ".join(problems))
         need = {
             "linear": ("factor",),
             "llama3": (
@@ -73,6 +82,29 @@ class RopeSpec:
             object.__setattr__(self, "beta_slow", self.beta_slow or 1.0)
             if self.truncate is None:
                 object.__setattr__(self, "truncate", True)
+
+
+_REAL_FIELDS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "attention_factor",
+)
+
+
+def _finite_real(v: object) -> bool:
+    """A real number (not a bool) that is finite as a float."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def _positive_finite(v: object) -> bool:

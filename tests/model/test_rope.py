@@ -449,3 +449,36 @@ def test_rope_follows_n_layer_when_uniform():
     assert one.rope == (spec,)
     with pytest.raises(ConfigError, match="rope"):
         direct_cfg(rope=(spec, RopeSpec("default", 1e4)), n_layer=3)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(rope_type="linear", factor=[2.0]), "factor"),
+        (dict(rope_type="linear", factor=float("nan")), "factor"),
+        (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings="4096"), "original"),
+        (
+            dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=4096, truncate=1),
+            "truncate",
+        ),
+        (
+            dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=True,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=8192,
+            ),
+            "low_freq_factor",
+        ),
+    ],
+)
+def test_a_spec_made_by_hand_is_type_checked(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        RopeSpec(theta=10000.0, **kw)
+
+
+def test_every_bad_field_is_named_at_once():
+    with pytest.raises(ConfigError) as ei:
+        RopeSpec("linear", 10000.0, factor=[2.0], mscale="x", truncate="yes")
+    assert all(k in str(ei.value) for k in ("factor", "mscale", "truncate"))
