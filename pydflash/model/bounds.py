@@ -51,6 +51,7 @@ MAX_MARKOV_RANK = 65536
 MIN_EPS = float(np.finfo(np.float32).tiny)
 MAX_EPS = 1.0
 
+LAYOUTS = ("bonus_anchor", "sample_from_anchor")  # config_parse's BONUS_ANCHOR / SAMPLE_FROM_ANCHOR
 MAX_CONFIG_BYTES = 1 << 20
 MAX_INDEX_BYTES = 16 << 20
 MAX_HEADER_BYTES = 16 << 20
@@ -108,6 +109,8 @@ def cfg_problems(cfg: Any) -> list[str]:
             f"target_layer_ids: must be 1 to {MAX_TAPS} integers in [0, {MAX_TAP_ID}], found "
             f"{brief(taps)}"
         )
+    if cfg.layout not in LAYOUTS:  # a cfg made by hand: anything else ran as sample-from-anchor
+        problems.append(f"layout: must be one of {LAYOUTS}, found {brief(cfg.layout)}")
     eps = cfg.eps
     if not isinstance(eps, (float, int)) or isinstance(eps, bool) or not MIN_EPS <= eps <= MAX_EPS:
         problems.append(

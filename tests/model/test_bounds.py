@@ -177,3 +177,15 @@ def test_the_check_cache_does_not_take_an_equal_value_of_another_type():
         bounds.check_cfg(twin)
     with pytest.raises(ConfigError, match="num_hidden_layers"):
         ReferenceKv(twin, 4)
+
+
+def test_a_layout_made_by_hand_is_one_of_the_two():
+    import dataclasses
+
+    from pydflash.model.config_parse import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR
+
+    assert bounds.LAYOUTS == (BONUS_ANCHOR, SAMPLE_FROM_ANCHOR)
+    good = DflashCfg.from_dict(base())
+    with pytest.raises(ConfigError, match="layout: must be one of"):
+        bounds.check_cfg(dataclasses.replace(good, layout="weird"))
+    bounds.check_cfg(dataclasses.replace(good, layout=SAMPLE_FROM_ANCHOR))
