@@ -84,3 +84,10 @@ def problem_lines(exc: BaseException) -> list[str]:
     if m and rest:
         return [f"{m['source']}: {line.strip()}" for line in rest.splitlines() if line.strip()]
     return [" | ".join(part.strip() for part in str(exc).splitlines() if part.strip())]
+
+
+class DeviceFaultError(DeviceError):
+    """The device reported an error while running queued work (a kernel that faulted, an
+    illegal address): the message carries CUDA's text, and the kernel's name where the engine
+    synchronises after every launch (Engine(debug_sync=True)). A fault poisons the process's
+    CUDA context: every later call fails the same way until the process restarts."""

@@ -20,6 +20,7 @@ from pydflash import errors
         (errors.NoDeviceError, errors.DeviceError),
         (errors.DeviceMemoryError, errors.DeviceError),
         (errors.UnsupportedDeviceError, errors.DeviceError),
+        (errors.DeviceFaultError, errors.DeviceError),
         (errors.DeviceError, RuntimeError),
     ],
 )
@@ -33,7 +34,12 @@ def test_argument_values_are_not_shape_errors():
 
 
 def test_device_kinds_are_distinct():
-    kinds = (errors.NoDeviceError, errors.DeviceMemoryError, errors.UnsupportedDeviceError)
+    kinds = (
+        errors.NoDeviceError,
+        errors.DeviceMemoryError,
+        errors.UnsupportedDeviceError,
+        errors.DeviceFaultError,
+    )
     for a in kinds:
         for b in kinds:
             assert issubclass(a, b) == (a is b)

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import (
     ArgumentError,
+    DeviceFaultError,
     DeviceMemoryError,
     KernelCompileError,
     NoDeviceError,
@@ -89,6 +90,7 @@ class Runtime:
         stream: Any = None,
         *,
         kernel_cache: str | os.PathLike[str] | None = _kernel_cache.DEFAULT_FOLDER,
+        debug_sync: bool = False,
     ) -> None:
         if cp is None:
             raise NoDeviceError(
@@ -103,6 +105,10 @@ class Runtime:
             or not 0 <= ordinal < n
         ):
             raise NoDeviceError(f"ordinal {ordinal!r} out of range: {n} CUDA device(s)")
+        if not isinstance(debug_sync, bool):
+            raise ArgumentError(f"debug_sync: expected True or False, found {debug_sync!r}")
+        # synchronise after every launch, naming the kernel that faulted (slow: for debugging)
+        self.debug_sync = debug_sync
         if stream is not None:
             stream = as_stream(stream)
         # compiled families on disk (a folder, or None: this process's memory only)
@@ -165,7 +171,7 @@ class Runtime:
         caller's current stream, the body queues on the runtime stream, and the caller's stream
         waits for it at the end (also when the body raises). Already on the runtime stream
         (the caller's choice, or a nested entry point): no wait at all."""
-        with self.device:
+        with self.device, _device_faults():
             caller = cp.cuda.get_current_stream().ptr
             if caller == self.stream.ptr:
                 yield
@@ -310,6 +316,17 @@ class Runtime:
             except PdlUnsupported:  # only that answer: every other launch error is raised
                 self._pdl.available = False
         fn(tuple(grid), (block,), values, shared_mem=smem)
+        if self.debug_sync:
+            self._check_launch(spec)
+
+    def _check_launch(self, spec: kernels.KernelSpec) -> None:
+        """debug_sync: wait for the kernel just queued; a fault is raised naming it."""
+        if cp.cuda.runtime.streamIsCapturing(cp.cuda.get_current_stream().ptr):
+            return  # inside a graph capture nothing runs (and synchronising is illegal)
+        try:
+            cp.cuda.get_current_stream().synchronize()
+        except _CUDA_ERRORS as exc:
+            raise DeviceFaultError(f"{spec.name}: the kernel faulted ({exc})") from None
 
     # -- memory -------------------------------------------------------------------------------
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> cp.ndarray:
@@ -468,6 +485,28 @@ class Runtime:
             return cp.ndarray(
                 tuple(cai["shape"]), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0)
             )
+
+
+_CUDA_ERRORS: tuple[type[BaseException], ...] = (
+    (cp.cuda.driver.CUDADriverError, cp.cuda.runtime.CUDARuntimeError) if cp is not None else ()
+)
+
+
+@contextlib.contextmanager
+def _device_faults() -> Iterator[None]:
+    """An entry point's CUDA errors (a fault of earlier work surfacing at this call's first
+    CUDA call, or of this call's own) as DeviceFaultError carrying CUDA's text, never a raw
+    CuPy exception."""
+    try:
+        yield
+    except DeviceFaultError:
+        raise
+    except _CUDA_ERRORS as exc:
+        raise DeviceFaultError(
+            f"the device reported an error ({exc}); after a kernel fault the process's CUDA "
+            "context cannot recover: restart the process (Engine(debug_sync=True) names the "
+            "kernel)"
+        ) from None
 
 
 _DL_CUDA, _DL_CUDA_MANAGED = 2, 13  # DLPack device types whose memory the kernels can read
