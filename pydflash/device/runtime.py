@@ -24,6 +24,7 @@ import contextlib
 import functools
 import os
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -122,6 +123,10 @@ class Runtime:
             self._fence_out = cp.cuda.Event(block=False, disable_timing=True)
             props = cp.cuda.runtime.getDeviceProperties(self.ordinal)
         self._staging: collections.deque = collections.deque()  # (event, pinned memory)
+        # one engine = one stream of work: its entry points (of the engine, its drafters and
+        # KV caches) queue one at a time, from whatever thread calls them; two engines run
+        # side by side
+        self._lock = threading.RLock()
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         major, minor = int(props["major"]), int(props["minor"])
         facts = ARCHS.get(f"sm_{major}{minor}", GENERIC)
@@ -167,11 +172,12 @@ class Runtime:
     # -- stream ordering ----------------------------------------------------------------------
     @contextlib.contextmanager
     def ordered(self) -> Iterator[None]:
-        """One entry point under the stream contract: the runtime stream waits for the
+        """One entry point under the stream contract, holding the engine's lock (calls from
+        several threads queue one at a time): the runtime stream waits for the
         caller's current stream, the body queues on the runtime stream, and the caller's stream
         waits for it at the end (also when the body raises). Already on the runtime stream
         (the caller's choice, or a nested entry point): no wait at all."""
-        with self.device, _device_faults():
+        with self._lock, self.device, _device_faults():
             caller = cp.cuda.get_current_stream().ptr
             if caller == self.stream.ptr:
                 yield
