@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite and the benchmarks, from the repository root on the device machine:
-#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|profile]
+#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|sanitize|profile]
 #   (default: all)
 # tests:   the test suite, CPU and GPU, in TEST_SHARDS (3) parallel pytest processes
 # suite:   tests and scale at once, within one device call (2 + 3 processes by default: with
@@ -16,6 +16,9 @@
 # batch:   bench_round --batch 1 .. 64 --profile (qwen3-8b bf16, ctx 4096; exact and bf16
 #          activations) and bench_kernels --batched (gemm_bf16act's tiles): batched rounds
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
+# sanitize: compute-sanitizer's memcheck, racecheck, initcheck and synccheck over
+#          tools/sanitize_round.py (every kind of call once, checked against the reference) on
+#          tiny, tiny-swa and tiny-dspark in every precision and one public geometry in bf16
 # profile: Nsight Compute's per-kernel time and DRAM bytes of one call (tools/profile_round.py)
 #          for issue 10's distances, and the stall reasons of the attention partial, the q4_0
 #          decode linear and the quantized ingest tile
@@ -100,6 +103,17 @@ fi
 if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in rings)
   run bench_qwen_long python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
   run bench_gemma_long python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
+fi
+if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
+  for tool in memcheck racecheck initcheck synccheck; do
+    for p in tiny tiny-swa tiny-dspark; do
+      run "sanitize_${tool}_$p" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+        python3 tools/sanitize_round.py --ckpt "$CKPT/$p" --precision f32 bf16 q8_0 q4_0 mixed --ctx 40
+    done
+    run "sanitize_${tool}_qwen3-8b" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      python3 tools/sanitize_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 --ctx 300
+  done
+  grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize_round:" "$OUT"/sanitize_*.log
 fi
 if [ "$PART" = profile ]; then   # where each op's time goes (ncu: one kernel at a time)
   METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size

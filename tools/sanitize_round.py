@@ -1,0 +1,121 @@
+"""Every kind of drafter call once, small enough to run under compute-sanitizer: per precision
+ctx_features + ingest_ctx, forward_round (eager, then captured and replayed), forward_block,
+propose (greedy and sampled, replayed), commit (replayed), and a batched round of 3 sequences
+(exact and bf16 activations, replayed), each checked against the NumPy reference so a run that
+"passes" the sanitizer also computed the right thing.
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 \\
+        python3 tools/sanitize_round.py --ckpt DIR --precision bf16 q8_0 --ctx 300
+
+(tools/gpu_suite.sh sanitize runs memcheck, racecheck, initcheck and synccheck this way.)
+Exit status 1 when a result differs from the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pydflash.draft.weights import PRECISIONS  # noqa: E402
+from pydflash.testing import TOLERANCE, random_inputs  # noqa: E402
+
+
+def rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def check(precision: str, ckpt: Path, ctx: int) -> list[str]:
+    import cupy as cp
+
+    from pydflash import DflashDraft, Engine
+    from pydflash.reference.drafter import ReferenceDraft
+    from pydflash.reference.state import ReferenceKv
+
+    e = Engine(0)
+    d = DflashDraft.load(e, ckpt, precision, progress=None)
+    c, b = d.cfg, d.cfg.block_size
+    ref = ReferenceDraft(c, d.reference_weights(), np.float64, d.kv_dtype)
+    rng = np.random.default_rng(7)
+    taps, noise, pos = random_inputs(c, ctx + 3, rng)
+    tol, bad = TOLERANCE[precision], []
+
+    def expect(name: str, got: object, want: np.ndarray, bound: float = tol) -> None:
+        err = rel(cp.asnumpy(got), want)
+        print(f"{precision:6s} {name:28s} rel {err:.2e}")
+        if not err < bound:
+            bad.append(f"{precision} {name}: rel {err:.2e} >= {bound:g}")
+
+    feats = d.ctx_features(e, cp.asarray(taps[:ctx]), ctx)
+    expect("ctx_features", feats, ref.ctx_features(taps[:ctx], ctx))
+    kv = d.new_kv(e, ctx + 2 * b + 3)
+    d.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
+    rkv = ReferenceKv(c, ctx + 2 * b + 3, np.float64, d.kv_dtype)
+    ref.ingest_ctx(rkv, ref.ctx_features(taps[:ctx], ctx), pos[:ctx], ctx)
+    want = ref.forward_round(rkv, noise, np.arange(ctx, ctx + b))
+    for name in ("forward_round eager", "forward_round captured", "forward_round replayed"):
+        expect(name, d.forward_round(e, kv, cp.asarray(noise), np.arange(ctx, ctx + b)), want)
+    expect(
+        "forward_block",
+        d.forward_block(e, feats, cp.asarray(noise), pos[: ctx + b], ctx),
+        ref.forward(taps[:ctx], noise, pos[: ctx + b], ctx),
+    )
+    vocab = min(c.vocab_size or 4096, 4096)
+    table = cp.asarray(rng.standard_normal((vocab, c.hidden), dtype=np.float32) * 0.5)
+    lm = cp.asarray(rng.standard_normal((vocab, c.hidden), dtype=np.float32) / np.sqrt(c.hidden))
+    last = int(rng.integers(vocab))
+    for temperature in (0.0, 0.8):
+        for _ in range(3):  # eager, captured, replayed
+            p = d.propose(e, kv, last, ctx, table, lm, temperature=temperature)
+        print(f"{precision:6s} propose T={temperature:<4} tokens {cp.asnumpy(p.tokens)[:4]}")
+    for t in (1, 2, 1):  # the second t = 1 replays its graph
+        at = kv.len
+        d.commit(e, kv, cp.asarray(taps[at : at + t]), np.arange(at, at + t), t)
+    pool = d.new_batch_kv(e, 3, ctx + 2 * b)
+    slots = [pool.add() for _ in range(3)]
+    counts = [ctx, ctx - 5, ctx - 9]
+    stacked = np.concatenate([taps[:n] for n in counts])
+    d.ingest_batch(
+        e,
+        pool,
+        slots,
+        d.ctx_features(e, cp.asarray(stacked), len(stacked)),
+        np.concatenate([pos[:n] for n in counts]),
+        counts,
+    )
+    blocks = np.stack([np.arange(n, n + b) for n in counts])
+    noises = cp.asarray(np.stack([noise] * 3))
+    for activations in ("f32", "bf16"):
+        for _ in range(2):  # captured, then replayed
+            out = d.forward_round_batch(e, pool, slots, noises, blocks, activations=activations)
+        one = d.new_kv(e, ctx + 2 * b)
+        d.ingest_ctx(e, one, feats[: counts[1]], pos[: counts[1]], counts[1])
+        single = d.forward_round(e, one, cp.asarray(noise), blocks[1])
+        # exact activations: bit for bit; bf16 activations: to their rounding (docs/batching.md)
+        bound = 1e-30 if activations == "f32" else 2e-2
+        expect(f"batch {activations} vs single", out[1], cp.asnumpy(single), bound)
+    e.synchronize()
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--ckpt", required=True, type=Path)
+    ap.add_argument("--precision", nargs="+", default=["bf16"], choices=PRECISIONS)
+    ap.add_argument("--ctx", type=int, default=300)
+    args = ap.parse_args(argv)
+    if not 1 <= args.ctx <= 1 << 16:
+        ap.error(f"--ctx must be in [1, {1 << 16}], found {args.ctx}")
+    bad = [line for p in args.precision for line in check(p, args.ckpt, args.ctx)]
+    for line in bad:
+        print(f"DIFFERS: {line}", file=sys.stderr)
+    print(f"sanitize_round: {len(args.precision)} precision(s), {len(bad)} difference(s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
