@@ -10,7 +10,9 @@ Standalone: needs only numpy, ml_dtypes and safetensors (never imports pydflash)
 The output directory holds ``config.json`` and either ``model.safetensors`` or HF-style shards
 ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``. Weights are bf16 with
 random values at realistic scales: 2-D weights uniform with std 1/sqrt(in_features), norm weights
-1 + U(-0.1, 0.1), biases U(-0.02, 0.02). Every tensor has its own generator seeded from
+1 + U(-0.1, 0.1), biases U(-0.02, 0.02); a DFlash2 conv's base kernel near the identity (tap 0
+1 + U(-0.1, 0.1), the other taps U(-0.1, 0.1)) and its kernel projection at a fifth of a
+weight's scale. Every tensor has its own generator seeded from
 (seed, crc32(name)), so its values depend only on the seed and its name (not on the sharding or
 on which other tensors exist) and the same arguments always give identical bytes.
 """
@@ -92,6 +94,13 @@ _TINY = {
     # checkpoint's scales, final_logit_softcapping, logit_scale, ...)
     "config_extra": None,
     "dflash_extra": None,
+    # DFlash2's head: None, or {"conv_kernel_size": k, "conv_group_size": gs, "selector_rank":
+    # r, "selector_top_k": K} written as they are in dflash_config (at the top level with the
+    # flat style), with each layer's attention_conv / mlp_conv tensors (base_kernel [2, k,
+    # hidden], kernel_projection.weight [2 k hidden / gs, hidden]) and the candidate selector's
+    # (hidden_projection.weight [r, hidden], predecessor_codebook / successor_codebook [vocab,
+    # r], no .weight suffix)
+    "dflash2": None,
 }
 
 _QWEN3_8B = dict(
@@ -110,6 +119,14 @@ _QWEN3_8B = dict(
     rope_theta=1000000.0,
     markov_rank=256,
 )
+
+# the head of both published DFlash2 drafters (their dflash_config)
+_DFLASH2_HEAD = {
+    "conv_kernel_size": 2,
+    "conv_group_size": 16,
+    "selector_rank": 256,
+    "selector_top_k": 16,
+}
 
 # Each public preset matches its published config.json field for field (SPEC §1b); the comment
 # names the source. Fields the source leaves blank are chosen and say so.
@@ -348,6 +365,90 @@ PRESETS: dict[str, dict] = {
         sliding_window=2048,
         max_position_embeddings=262144,
     ),
+    # z-lab Qwen3.8-27B-DFlash2 (its config.json as third-party DFlash2 runtimes quote it, field
+    # for field): DFlash2DraftModel, hidden 5120, 32/8 x 128, n_ff 17408, 5 layers all sliding
+    # (2048) and is_causal false (a symmetric window), block 8, mask 248070, taps
+    # 5,19,33,47,61 of 64, theta 1e7, eps 1e-6, vocab 248320, max_position_embeddings 262144,
+    # and in dflash_config block_size, mask, taps and the head: conv k 2, groups of 16,
+    # selector rank 256, top-16
+    "qwen3.8-27b-dflash2": dict(
+        _QWEN3_8B,
+        hidden=5120,
+        n_head=32,
+        n_kv=8,
+        head_dim=128,
+        n_ff=17408,
+        n_layer=5,
+        vocab=248320,
+        block_size=8,
+        block_size_nested=True,
+        mask_token_id=248070,
+        target_layer_ids=[5, 19, 33, 47, 61],
+        num_target_layers=64,
+        rope_theta=10000000.0,
+        eps=1e-6,
+        layer_types=["sliding_attention"] * 5,
+        sliding_window=2048,
+        is_causal=False,
+        max_position_embeddings=262144,
+        architectures=["DFlash2DraftModel"],
+        config_extra={"use_sliding_window": True, "max_window_layers": 5},
+        dflash2=_DFLASH2_HEAD,
+    ),
+    # incoai Muse-Glimmer-30B-DFlash2 (z-lab/dflash's test fixture, a verbatim copy of its
+    # config.json): DFlash2DraftModel, hidden 6656, 32/8 x 128, n_ff 19968, 5 layers all
+    # sliding (2048) and is_causal false, block 16, mask 201818, taps 1,13,25,37,49 of 52, theta
+    # 5e5, eps 1e-5, vocab 202048, max_position_embeddings 131072; in dflash_config
+    # output_multiplier 0.19611613513818404, final_logit_softcapping 20 and the head as
+    # Qwen3.8's
+    "muse-glimmer-30b-dflash2": dict(
+        _QWEN3_8B,
+        hidden=6656,
+        n_head=32,
+        n_kv=8,
+        head_dim=128,
+        n_ff=19968,
+        n_layer=5,
+        vocab=202048,
+        block_size=16,
+        block_size_nested=True,
+        mask_token_id=201818,
+        target_layer_ids=[1, 13, 25, 37, 49],
+        num_target_layers=52,
+        rope_theta=500000.0,
+        eps=1e-5,
+        layer_types=["sliding_attention"] * 5,
+        sliding_window=2048,
+        is_causal=False,
+        max_position_embeddings=131072,
+        architectures=["DFlash2DraftModel"],
+        config_extra={"use_sliding_window": True, "max_window_layers": 5},
+        dflash_extra={
+            "output_multiplier": 0.19611613513818404,
+            "final_logit_softcapping": 20.0,
+        },
+        dflash2=_DFLASH2_HEAD,
+    ),
+    # DFlash2 at test size, shaped as the published ones (every layer sliding, non-causal,
+    # the head keys in dflash_config): window 8 shorter than ctx + block, block 4, rank 16,
+    # top-4 of a 512-token vocabulary, groups of 16 (4 groups of the 64 channels)
+    "tiny-dflash2": dict(
+        _TINY,
+        vocab=512,
+        mask_token_id=511,
+        block_size=4,
+        block_size_nested=True,
+        layer_types=["sliding_attention"] * 2,
+        sliding_window=8,
+        is_causal=False,
+        architectures=["DFlash2DraftModel"],
+        dflash2={
+            "conv_kernel_size": 2,
+            "conv_group_size": 16,
+            "selector_rank": 16,
+            "selector_top_k": 4,
+        },
+    ),
     # deepseek-ai dspark_qwen3_8b_block7 (DeepSpec DSpark, Qwen3-8B, block 7)
     "dspark-qwen3-8b-b7": dict(
         _QWEN3_8B,
@@ -437,6 +538,13 @@ def _generate(seed: int, name: str, shape, kind: str) -> np.ndarray:
         return _uniform_bf16(rng, shape, -0.02, 0.02)
     if kind == "sink":  # a sink logit at the scale of the attention scores: it matters
         return _uniform_bf16(rng, shape, -1.0, 3.0)
+    if kind == "conv_base":  # [2, k, hidden]: near the identity (tap 0 about 1, the rest small)
+        base = _uniform_bf16(rng, shape, -0.1, 0.1).astype(np.float32)
+        base[:, 0] += 1.0
+        return to_bf16(base)
+    if kind == "conv_projection":  # per-row coefficients of std about 0.2 beside the base
+        a = 0.2 * math.sqrt(3.0 / shape[-1])
+        return _uniform_bf16(rng, shape, -a, a)
     raise ValueError(f"unknown tensor kind {kind!r} for {name}")
 
 
@@ -668,6 +776,20 @@ def checkpoint_plan(
     for key in ("config_extra", "dflash_extra"):
         if g[key] is not None and not isinstance(g[key], dict):
             raise ValueError(f"{key} must be None or a dict, got {g[key]!r}")
+    dflash2 = g["dflash2"]
+    if dflash2 is not None:
+        if not isinstance(dflash2, dict) or set(dflash2) != set(_DFLASH2_HEAD):
+            raise ValueError(
+                f"dflash2 must be None or a dict of {sorted(_DFLASH2_HEAD)}, got {dflash2!r}"
+            )
+        for key, v in dflash2.items():
+            if not _is_int(v) or v < 1:
+                raise ValueError(f"dflash2.{key} must be a positive integer, got {v!r}")
+        if g["hidden"] % dflash2["conv_group_size"]:  # the projection's rows need whole groups
+            raise ValueError(
+                f"dflash2.conv_group_size {dflash2['conv_group_size']} does not divide hidden "
+                f"{g['hidden']}"
+            )
     per_type = g["rope_per_layer_type"]
     if per_type is not None and (
         not isinstance(per_type, dict)
@@ -740,6 +862,10 @@ def checkpoint_plan(
     if g["attention_sink"]:
         nested_extra["attention_sink_bias"] = True
     nested_extra.update(g["dflash_extra"] or {})
+    if dflash2 is not None and style == "nested":
+        nested_extra.update(dflash2)
+    elif dflash2 is not None:
+        cfg.update(dflash2)
     if nested_extra:
         cfg.setdefault("dflash_config", {}).update(nested_extra)
     cfg.update(g["config_extra"] or {})
@@ -799,7 +925,25 @@ def checkpoint_plan(
             (p + "mlp.up_proj.weight", (n_ff, hidden), "weight"),
             (p + "mlp.down_proj.weight", (hidden, n_ff), "weight"),
         ]
+        if dflash2 is not None:
+            k, groups = dflash2["conv_kernel_size"], hidden // dflash2["conv_group_size"]
+            for conv in ("attention_conv", "mlp_conv"):
+                plan += [
+                    (p + conv + ".base_kernel", (2, k, hidden), "conv_base"),
+                    (
+                        p + conv + ".kernel_projection.weight",
+                        (2 * k * groups, hidden),
+                        "conv_projection",
+                    ),
+                ]
     plan.append(("norm.weight", (hidden,), "norm"))
+    if dflash2 is not None:
+        r = dflash2["selector_rank"]
+        plan += [
+            ("candidate_selector.hidden_projection.weight", (r, hidden), "weight"),
+            ("candidate_selector.predecessor_codebook", (vocab, r), "weight"),
+            ("candidate_selector.successor_codebook", (vocab, r), "weight"),
+        ]
     if mtype is not None:
         plan += [
             ("markov_head.markov_w1.weight", (vocab, rank), "weight"),

@@ -136,9 +136,11 @@ class DflashDraft:
         progress: Callable[[str], None] | None = to_stderr,
     ) -> DflashDraft:
         """Load a checkpoint directory, validated in full (config, tensors, the supported
-        envelope) before any GPU memory is touched. cuda_graphs: replay rounds, proposals and
-        commits as captured CUDA graphs (False: plain launches). policy: kernel choices to
-        force (pydflash.linear.Policy; benchmarks), the dispatch table's by default.
+        envelope) before any GPU memory is touched; a DFlash2 checkpoint is refused there with
+        a GeometryError (its GPU path is not written yet: pydflash.reference.ReferenceDraft
+        runs it). cuda_graphs: replay rounds, proposals and commits as captured CUDA graphs
+        (False: plain launches). policy: kernel choices to force (pydflash.linear.Policy;
+        benchmarks), the dispatch table's by default.
 
         The kernel families the drafter may launch are compiled here, in parallel, or read
         from the engine's kernel cache (Engine(kernel_cache=...)): its first call compiles

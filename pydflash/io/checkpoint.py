@@ -2,10 +2,11 @@
 
 `Checkpoint.open(dir)` reads only headers, each file's once (`safetensors_io`): it checks every
 expected tensor's presence, shape and dtype against the config (with attention_bias, the
-q/k/v/o biases too), detects the optional heads (Markov vanilla/gated/rnn, confidence, embed,
-lm_head), refuses a tensor whose name says it changes the math but that the loader would not
-use (under layers.N., fc., the norms, a head), lists only foreign tensors as `unknown`, and
-raises one CheckpointError naming every problem. Every file it opens must lie in the checkpoint
+q/k/v/o biases too; with a DFlash2 config, each layer's convs and the candidate selector),
+detects the optional heads (Markov vanilla/gated/rnn, confidence, embed, lm_head), refuses a
+tensor whose name says it changes the math but that the loader would not use (under layers.N.,
+fc., the norms, a head), lists only foreign tensors as `unknown`, and raises one
+CheckpointError naming every problem. Every file it opens must lie in the checkpoint
 folder (subfolders allowed; absolute paths, `..`, NUL bytes and symlinks leading outside are
 refused before anything is opened; the one exception is the Hugging Face cache, whose
 snapshots/<rev>/ files link into ../../blobs/). Tensor data is read later, only for the tensors
@@ -56,6 +57,21 @@ RENAMES = (
     ("midlayer.", "layers.0."),
 )
 
+# DFlash2's tensors (config `dflash2`): each layer's attention and MLP sublayers are wrapped in
+# a grouped dynamic conv, `layers.N.<conv>.base_kernel` [2, k, hidden] (side: 0 on the sublayer
+# input, 1 on its output; tap; channel) and `layers.N.<conv>.kernel_projection.weight`
+# [2 * k * hidden / conv_group_size, hidden]; the candidate selector's hidden projection
+# [selector_rank, hidden] and two codebooks [vocab, selector_rank], stored without `.weight`
+DFLASH2_ATTENTION_CONV = "attention_conv"
+DFLASH2_MLP_CONV = "mlp_conv"
+DFLASH2_CONVS = (DFLASH2_ATTENTION_CONV, DFLASH2_MLP_CONV)
+CONV_BASE_KERNEL = "base_kernel"
+CONV_KERNEL_PROJECTION = "kernel_projection.weight"
+SELECTOR_HIDDEN = "candidate_selector.hidden_projection.weight"
+PREDECESSOR_CODEBOOK = "candidate_selector.predecessor_codebook"
+SUCCESSOR_CODEBOOK = "candidate_selector.successor_codebook"
+SELECTOR_TENSORS = (SELECTOR_HIDDEN, PREDECESSOR_CODEBOOK, SUCCESSOR_CODEBOOK)
+
 LAYER_LINEARS = (
     "self_attn.q_proj",
     "self_attn.k_proj",
@@ -90,8 +106,62 @@ _MATH_PREFIXES = (
 _LAYER_NAME = re.compile(r"layers\.\d+\.")
 
 
+def dflash2_conv_names(layer: int, conv: str) -> tuple[str, str]:
+    """(base_kernel, kernel_projection.weight) names of `layer`'s DFlash2 conv `conv` (one of
+    DFLASH2_CONVS)."""
+    if conv not in DFLASH2_CONVS:
+        raise ValueError(f"conv must be one of {DFLASH2_CONVS}, found {jsonio.brief(conv)}")
+    p = f"layers.{layer}.{conv}."
+    return p + CONV_BASE_KERNEL, p + CONV_KERNEL_PROJECTION
+
+
+def dflash2_layer_names(layer: int) -> tuple[str, str, str, str]:
+    """The DFlash2 conv tensors of `layer`: attention_conv's base_kernel and
+    kernel_projection.weight, then mlp_conv's."""
+    attention = dflash2_conv_names(layer, DFLASH2_ATTENTION_CONV)
+    mlp = dflash2_conv_names(layer, DFLASH2_MLP_CONV)
+    return (*attention, *mlp)
+
+
+def dflash2_layer_shapes(cfg: DflashCfg, layer: int) -> dict[str, tuple[int, ...]]:
+    """`layer`'s DFlash2 conv tensors with their shapes ({} without cfg.dflash2)."""
+    d2 = cfg.dflash2
+    if d2 is None:
+        return {}
+    h, k = cfg.hidden, d2.conv_kernel_size
+    shapes: dict[str, tuple[int, ...]] = {}
+    for conv in DFLASH2_CONVS:
+        base, projection = dflash2_conv_names(layer, conv)
+        # one projection gives both sides' per-row coefficients: a tap a group a side
+        shapes.update({base: (2, k, h), projection: (2 * k * (h // d2.conv_group_size), h)})
+    return shapes
+
+
+def dflash2_selector_shapes(cfg: DflashCfg) -> dict[str, tuple[int, ...]]:
+    """The candidate selector's tensors with their shapes ({} without cfg.dflash2, or without
+    a vocabulary size, which the config parser requires of a DFlash2 drafter)."""
+    d2, v = cfg.dflash2, cfg.vocab_size
+    if d2 is None or v is None:
+        return {}
+    r = d2.selector_rank
+    return {
+        SELECTOR_HIDDEN: (r, cfg.hidden),
+        PREDECESSOR_CODEBOOK: (v, r),
+        SUCCESSOR_CODEBOOK: (v, r),
+    }
+
+
+def is_dflash2_tensor(name: str) -> bool:
+    """A name of DFlash2's: a layer's conv or the candidate selector."""
+    if name.startswith("candidate_selector."):
+        return True
+    parts = name.split(".")
+    return len(parts) > 2 and _LAYER_NAME.match(name) is not None and parts[2] in DFLASH2_CONVS
+
+
 def backbone_shapes(cfg: DflashCfg) -> dict[str, tuple[int, ...]]:
-    """Every tensor the backbone must have, with its [out, in] (or [n]) shape."""
+    """Every tensor the backbone must have, with its [out, in] (or [n]) shape; a DFlash2
+    drafter's layer convs too."""
     h, hd = cfg.hidden, cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {
         "fc.weight": (h, cfg.tap_width),
@@ -115,6 +185,7 @@ def backbone_shapes(cfg: DflashCfg) -> dict[str, tuple[int, ...]]:
                 p + "post_attention_layernorm.weight": (h,),
             }
         )
+        shapes.update(dflash2_layer_shapes(cfg, i))
         if cfg.attention_sink:
             shapes[p + SINK] = (cfg.n_head,)
         if cfg.attention_bias:
@@ -135,9 +206,10 @@ def changes_the_math(name: str) -> bool:
 
 
 def head_shapes(cfg: DflashCfg) -> dict[str, tuple[int, ...]]:
-    """The tensors of the heads `cfg` declares (Markov, confidence), with their shapes."""
+    """The tensors of the heads `cfg` declares (Markov, confidence, DFlash2's candidate
+    selector), with their shapes."""
     h, r, v = cfg.hidden, cfg.markov_rank, cfg.vocab_size
-    shapes: dict[str, tuple[int, ...]] = {}
+    shapes: dict[str, tuple[int, ...]] = dflash2_selector_shapes(cfg)
     if cfg.markov_type is not None and v is not None:
         shapes.update(markov_kind(cfg.markov_type).tensor_shapes(v, r, h))
     if cfg.confidence_head:
@@ -360,6 +432,9 @@ def _validate(
     for name, shape in expected.items():
         check(name, shape)
     known = set(expected)
+    for name, shape in dflash2_selector_shapes(cfg).items():  # [] without a DFlash2 head
+        check(name, shape)
+        known.add(name)
 
     # Optional heads: the files say what is there; the config may only confirm it.
     h = cfg.hidden
@@ -424,6 +499,11 @@ def _validate(
         )
     if markov_type is not None and cfg.draft_vocab is not None:
         problems.append(f"{MARKOV_W1}: a Markov head with a trimmed draft vocabulary")
+    if cfg.dflash2 is not None:  # the selector takes their place (the config refuses both)
+        if markov_type is not None:
+            problems.append(f"{MARKOV_W1}: a Markov head beside the DFlash2 selector")
+        if confidence:
+            problems.append(f"{CONF_W}: a confidence head beside the DFlash2 selector")
     for name in sorted(set(tensors) - known):
         if not changes_the_math(name):
             continue
@@ -435,6 +515,12 @@ def _validate(
             problems.append(
                 f"{name}: an attention bias, but config.json does not set "
                 f"attention_bias: true (ignoring it would change the math)"
+            )
+        elif is_dflash2_tensor(name) and cfg.dflash2 is None:
+            problems.append(
+                f"{name}: a DFlash2 tensor, but config.json declares no DFlash2 drafter "
+                "(architectures DFlash2DraftModel with dflash_config's conv_* and selector_* "
+                "keys); refused rather than ignored"
             )
         else:
             problems.append(

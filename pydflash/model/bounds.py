@@ -18,6 +18,10 @@ checkpoint (SPEC §1b); the GPU kernels have tighter limits of their own (envelo
 | target_layer_ids | 1 .. 64 ids, each < 1024 | taps of a target of at most 1024 layers |
 | sliding_window | 1 .. 2^31 - 1 | positions are int32 |
 | markov_rank | 0 .. 65536 | public 256 |
+| conv_kernel_size (DFlash2) | 1 .. 64 | public 2: taps over the block rows (blocks are short) |
+| conv_group_size (DFlash2) | 1 .. 65536, divides hidden_size | public 16 |
+| selector_rank (DFlash2) | 1 .. 65536 | public 256 |
+| selector_top_k (DFlash2) | 1 .. 1024, <= vocab_size | public 16: candidates a row |
 | rms_norm_eps | 2^-126 .. 1 | a normal float32 (smaller rounds to 0: 0/0 on zero rows) |
 | RoPE theta, factors | finite, <= 1e30 | tables finite and non-zero (rope.tables) |
 | config.json | 1 MiB | real ones are about 2 KiB |
@@ -48,6 +52,10 @@ MAX_TAPS = 64
 MAX_TAP_ID = 1023
 MAX_WINDOW = 2**31 - 1
 MAX_MARKOV_RANK = 65536
+MAX_CONV_KERNEL = 64
+MAX_CONV_GROUP = MAX_HIDDEN
+MAX_SELECTOR_RANK = 65536
+MAX_SELECTOR_TOP_K = 1024
 MIN_EPS = float(np.finfo(np.float32).tiny)
 MAX_EPS = 1.0
 
@@ -68,6 +76,13 @@ INT_FIELDS: dict[str, tuple[str, int, int]] = {
     "block_size": ("block_size", 1, MAX_BLOCK),
     "mask_token_id": ("mask_token_id", 0, MAX_TOKEN - 1),
     "markov_rank": ("markov_rank", 0, MAX_MARKOV_RANK),
+}
+# Dflash2Cfg field (= its config.json key) -> (lowest, highest)
+DFLASH2_FIELDS: dict[str, tuple[int, int]] = {
+    "conv_kernel_size": (1, MAX_CONV_KERNEL),
+    "conv_group_size": (1, MAX_CONV_GROUP),
+    "selector_rank": (1, MAX_SELECTOR_RANK),
+    "selector_top_k": (1, MAX_SELECTOR_TOP_K),
 }
 
 
@@ -161,12 +176,48 @@ def cfg_problems(cfg: Any) -> list[str]:
         )
     if cfg.has_markov and not cfg.markov_rank:
         problems.append(f"markov_rank: must be > 0 with a {cfg.markov_type} Markov head")
+    if cfg.dflash2 is not None:
+        problems += dflash2_problems(cfg)
     try:
         specs = {cfg.rope_of(i) for i in range(cfg.n_layer)}
         for spec in specs:
             rope.tables(spec, cfg.head_dim)
     except ConfigError as exc:
         problems.append(f"rope: {exc}")
+    return problems
+
+
+def dflash2_problems(cfg: Any) -> list[str]:
+    """Every way a DflashCfg's DFlash2 head (cfg.dflash2) leaves the bounds, or sits beside a
+    part it cannot be combined with, as 'key: reason' lines."""
+    d2 = cfg.dflash2
+    problems = []
+    for field, (lo, hi) in DFLASH2_FIELDS.items():
+        v = getattr(d2, field, None)
+        if v is None or not is_int(v) or not lo <= v <= hi:
+            problems.append(f"{field}: must be an integer in [{lo}, {hi}], found {brief(v)}")
+    if problems:
+        return problems  # the checks below combine these fields
+    if cfg.hidden % d2.conv_group_size:
+        problems.append(
+            f"conv_group_size: {d2.conv_group_size} does not divide hidden_size {cfg.hidden}"
+        )
+    if cfg.vocab_size is None:
+        problems.append("vocab_size: missing (the DFlash2 selector's codebooks have a row a token)")
+    elif is_int(cfg.vocab_size) and d2.selector_top_k > cfg.vocab_size:  # else: named above
+        problems.append(f"selector_top_k: {d2.selector_top_k} exceeds vocab_size {cfg.vocab_size}")
+    # the selector takes the place of these: how they would combine is defined nowhere
+    if cfg.has_markov:
+        problems.append("markov_rank: a Markov head beside the DFlash2 selector")
+    if cfg.confidence_head:
+        problems.append("enable_confidence_head: a confidence head beside the DFlash2 selector")
+    if cfg.draft_vocab is not None:
+        problems.append(
+            f"draft_vocab_size: {brief(cfg.draft_vocab)} beside the DFlash2 selector (its "
+            "codebooks have a row a target token)"
+        )
+    if cfg.draft_rows() != range(1, cfg.block_size):  # z-lab's: the rows after the anchor's
+        problems.append(f"layout: {brief(cfg.layout)}: a DFlash2 drafter is bonus_anchor")
     return problems
 
 

@@ -2,11 +2,12 @@
 
 Field names follow the Rust `DflashCfg` (hidden, n_head, n_kv, head_dim, n_ff, n_layer, eps,
 rope_theta, block_size, mask_token_id, target_layer_ids, sliding_window, layer_sliding); the
-DSpark fields (vocab_size, markov_*, confidence_*, layout) and rope (per layer),
-attention_bias, is_causal are additions. A key that changes the math and is not implemented is
-a ConfigError naming it, never ignored. Every size is bounded (`bounds`, docs/limits.md
-"Bounds") and config.json is read with a size, depth and integer-length limit and no duplicate
-keys (`jsonio`), so no config, however hostile, takes long or much memory to parse.
+DSpark fields (vocab_size, markov_*, confidence_*, layout), DFlash2's head (dflash2) and rope
+(per layer), attention_bias, is_causal are additions. A key that changes the math and is not
+implemented is a ConfigError naming it, never ignored. Every size is bounded (`bounds`,
+docs/limits.md "Bounds") and config.json is read with a size, depth and integer-length limit
+and no duplicate keys (`jsonio`), so no config, however hostile, takes long or much memory to
+parse.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from .config_parse import (
     SAMPLE_FROM_ANCHOR,
     Parser,
     parse_causal,
+    parse_dflash2,
     parse_flag_nested,
     parse_layer_types,
     parse_layout,
     parse_scales,
     parse_sink,
     parse_swa,
+    refuse_beside_dflash2,
     refuse_unimplemented,
 )
 from .rope import RopeSpec
@@ -341,12 +344,15 @@ class DflashCfg:
             p.problem("architectures", f"must be a list of strings, found {brief(architectures)}")
             architectures = []
         layout = parse_layout(p, architectures)
-        refuse_unimplemented(p, raw, nested, architectures, hidden)
+        refuse_unimplemented(p, raw, nested)
         if is_causal is None and any(a in NON_CAUSAL_ARCHITECTURES for a in architectures):
             is_causal = False
         embed_scale, multiplier, softcap, logit_scale = parse_scales(
             p, raw, nested, markov_type is not None
         )
+        is_dflash2, dflash2 = parse_dflash2(p, raw, nested, architectures, hidden, vocab)
+        if is_dflash2:
+            refuse_beside_dflash2(p, markov_type, confidence, draft_vocab, layout, logit_scale)
         if draft_vocab is not None and markov_type is not None:
             p.problem(
                 "draft_vocab_size",
@@ -395,6 +401,7 @@ class DflashCfg:
             swa_every_layer=swa_every,
             attention_sink=sink,
             draft_vocab=draft_vocab,
+            dflash2=None if dflash2 is None else Dflash2Cfg(**dflash2),
         )
         return known_drafters.with_embed_scale(cfg, embed_scale)
 

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import ConfigError, collected
 from ..heads import MARKOV_KINDS
 from ..io.jsonio import brief
+from . import bounds
 
 BONUS_ANCHOR = "bonus_anchor"
 SAMPLE_FROM_ANCHOR = "sample_from_anchor"
@@ -198,8 +199,9 @@ _NEUTRAL = {
     "use_aux_hidden_state": True,
     "mlp_bias": False,
 }
-# DFlash2 (conv + candidate selector) keys: any value is a head this runtime does not have
-_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# DFlash2's head keys (dflash_config in every published config; z-lab also reads the top
+# level), each a field of Dflash2Cfg; required: neither z-lab nor vLLM has a default
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # architectures whose published configs leave `is_causal` out but whose every layer is
 # bidirectional: Muse-Glimmer-30B's assistant has 5 sliding layers trained non-causally (SGLang's
 # MuseGlimmerAssistantConfig and z-lab's MLX adapter both force is_causal = False for it)
@@ -334,23 +336,101 @@ def refuse_unimplemented(
     p: Parser,
     raw: dict[str, Any],
     nested: dict[str, Any],
-    architectures: list[str],
-    hidden: int | None,
 ) -> None:
-    for a in architectures:
-        if "dflash2" in a.lower():
-            p.problem(
-                "architectures",
-                f"{brief(a)}: DFlash2 drafters (grouped conv + candidate selector) are not "
-                "implemented",
-            )
     for where, d in (("", raw), ("dflash_config.", nested)):
-        for key in _DFLASH2_KEYS:
-            if d.get(key) is not None:
-                p.problem(where + key, f"{brief(d[key])}: a DFlash2 head, not implemented")
         for key, neutral in _NEUTRAL.items():
             if d.get(key) is not None and d[key] != neutral:
                 p.problem(where + key, f"{brief(d[key])} is not implemented (only {neutral!r})")
     act = raw.get("hidden_act")  # what the Qwen3 MLP of every DFlash runtime reads
     if act is not None and act not in HIDDEN_ACTS:
         p.problem("hidden_act", f"{brief(act)} is not implemented (only {', '.join(HIDDEN_ACTS)})")
+
+
+def is_dflash2_architecture(name: str) -> bool:
+    """An architectures entry naming a DFlash2 drafter: z-lab's / SGLang's `DFlash2DraftModel`,
+    vLLM's `DFlash2Qwen3ForCausalLM` (any name holding "dflash2", as "dspark" marks DSpark)."""
+    return "dflash2" in name.lower()
+
+
+def parse_dflash2(
+    p: Parser,
+    raw: dict[str, Any],
+    nested: dict[str, Any],
+    architectures: list[str],
+    hidden: int | None,
+    vocab: int | None,
+) -> tuple[bool, dict[str, int] | None]:
+    """(whether the config declares a DFlash2 drafter, its head keys (DFLASH2_KEYS) as
+    Dflash2Cfg's fields or None after a problem); each key is read from dflash_config first,
+    then the top level (z-lab's `_draft_value`). A drafter is DFlash2 when its architectures
+    name one (is_dflash2_architecture), or name nothing and a head key is given; a head key
+    beside other architectures is refused (z-lab and vLLM pick the class by the architecture,
+    so the key would be ignored there). A DFlash2 drafter needs all four keys and a
+    vocab_size."""
+    found = {key: draft_value(raw, nested, key) for key in DFLASH2_KEYS}
+    given = {key: wv for key, wv in found.items() if wv[0]}
+    if not any(is_dflash2_architecture(a) for a in architectures):
+        if given and architectures:
+            for where, v in given.values():
+                p.problem(
+                    where,
+                    f"{brief(v)}: a DFlash2 head key, but architectures {brief(architectures)} "
+                    "names no DFlash2 drafter (refused rather than guessed)",
+                )
+        if not given or architectures:
+            return False, None
+    values: dict[str, int] = {}
+    for key, (where, v) in found.items():
+        if not where:
+            p.problem(key, "missing (top level or dflash_config): a DFlash2 drafter needs it")
+            continue
+        lo, hi = bounds.DFLASH2_FIELDS[key]
+        checked = p.integer_value(where, v, lo, hi)
+        if checked is not None:
+            values[key] = checked
+    gs = values.get("conv_group_size")
+    if gs is not None and hidden is not None and hidden % gs:
+        p.problem(found["conv_group_size"][0], f"{gs} does not divide hidden_size {hidden}")
+    top_k = values.get("selector_top_k")
+    if vocab is None:
+        p.problem("vocab_size", "missing (the DFlash2 selector's codebooks have a row a token)")
+    elif top_k is not None and top_k > vocab:
+        p.problem(found["selector_top_k"][0], f"{top_k} exceeds vocab_size {vocab}")
+    return True, values if len(values) == len(DFLASH2_KEYS) else None
+
+
+def refuse_beside_dflash2(
+    p: Parser,
+    markov_type: str | None,
+    confidence: bool,
+    draft_vocab: int | None,
+    layout: str,
+    logit_scale: float,
+) -> None:
+    """The parts a DFlash2 drafter cannot be combined with: the selector takes the place of a
+    Markov chain and of a confidence head; its codebooks have a row a target token; its drafts
+    are block rows 1..b-1 (z-lab's generate loop, memra's DFlash2 harvest); and neither
+    z-lab's nor vLLM's DFlash2 applies vLLM's logit_scale."""
+    if markov_type is not None:
+        p.problem("markov_rank", "a Markov head beside the DFlash2 selector is not implemented")
+    if confidence:
+        p.problem(
+            "enable_confidence_head",
+            "a confidence head beside the DFlash2 selector is not implemented",
+        )
+    if draft_vocab is not None:
+        p.problem(
+            "draft_vocab_size",
+            f"{draft_vocab} beside the DFlash2 selector (its codebooks have a row a target token)",
+        )
+    if layout != BONUS_ANCHOR:
+        p.problem(
+            "sample_from_anchor",
+            f"a DFlash2 drafter is {BONUS_ANCHOR} (its drafts are block rows 1..b-1)",
+        )
+    if logit_scale != 1.0:
+        p.problem(
+            "logit_scale",
+            f"{logit_scale:g} with a DFlash2 drafter: neither z-lab's nor vLLM's DFlash2 "
+            "applies it (refused rather than guessed)",
+        )

@@ -2,7 +2,8 @@
 
 Each bound comes from a kernel's precondition (named beside it). `DflashDraft.load` checks them
 all before any GPU memory is touched and raises one GeometryError listing every violation, so
-an unsupported checkpoint is refused with its reason instead of computed wrongly. The README
+an unsupported checkpoint is refused with its reason instead of computed wrongly. A drafter
+family whose GPU path is not written yet (DFlash2) is refused the same way. The README
 "Supported envelope" section is this table in prose.
 """
 
@@ -17,11 +18,22 @@ TENSOR_CORE_HEAD_DIMS = (16, 32, 64, 128)
 MAX_GQA_GROUP = 128  # attention: G query heads x rows <= 128 per launch
 MAX_BLOCK_SIZE = 256  # one block of threads scatters the block positions
 MAX_VOCAB = 2**31 - 1  # token ids are int32
+DFLASH2_NOT_ON_GPU = (
+    "dflash2: a DFlash2 drafter (grouped conv + candidate selector): its GPU path is not "
+    "implemented yet; pydflash.reference.ReferenceDraft runs it"
+)
+
+
+def model_problems(cfg: DflashCfg) -> list[str]:
+    """The drafter families in `cfg` the GPU kernels do not run yet (the NumPy reference
+    does), as 'name: reason' lines (empty: the GPU runs it)."""
+    return [DFLASH2_NOT_ON_GPU] if cfg.dflash2 is not None else []
 
 
 def geometry_problems(cfg: DflashCfg) -> list[str]:
-    """Every way `cfg` leaves the envelope, as 'name: reason' lines (empty: supported)."""
-    problems = []
+    """Every way `cfg` leaves the envelope, as 'name: reason' lines (empty: supported): a
+    drafter family without a GPU path (model_problems), then each dimension at fault."""
+    problems = model_problems(cfg)
 
     def multiple(name: str, value: int, of: int, why: str) -> None:
         if value % of:

@@ -165,6 +165,9 @@ KEYS = [
     "target_hidden_size",
     "input_embedding_scale",
     "conv_kernel_size",
+    "conv_group_size",
+    "selector_rank",
+    "selector_top_k",
 ]
 ROPE_KEYS = [
     "rope_type",
@@ -316,7 +319,21 @@ def base_configs() -> list[dict]:
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     }
-    return [tiny, swa, dspark, yarn, llama3]
+    dflash2 = dict(
+        tiny,
+        architectures=["DFlash2DraftModel"],
+        is_causal=False,
+        layer_types=["sliding_attention"] * 2,
+        sliding_window=8,
+    )
+    dflash2["dflash_config"] = dict(
+        tiny["dflash_config"],
+        conv_kernel_size=2,
+        conv_group_size=16,
+        selector_rank=16,
+        selector_top_k=4,
+    )
+    return [tiny, swa, dspark, yarn, llama3, dflash2]
 
 
 BASES = base_configs()

@@ -26,6 +26,7 @@ from pydflash.io.checkpoint import (
     Checkpoint,
     backbone_shapes,
     changes_the_math,
+    head_shapes,
 )
 from pydflash.model.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
 from tools.make_checkpoint import PRESETS, make_checkpoint
@@ -715,13 +716,11 @@ MATH_EXTRAS = [
     "layers.9.mlp.up_proj.weight",
     "layers.0.mlp.gate_proj.bias",
     "layers.1.self_attn.rotary_emb.inv_freq",
-    "layers.0.attention_conv.base_kernel",
     "fc.bias",
     "norm.bias",
     "hidden_norm.bias",
     "markov_head.extra.weight",
     "confidence_head.proj2.weight",
-    "candidate_selector.hidden_projection.weight",
     "lm_head.bias",
     "embed_tokens.scale",
 ]
@@ -775,6 +774,8 @@ def test_foreign_names(name):
         "qwen3.6-27b",
         "dspark-qwen3-8b-b7",
         "dspark-qwen3-4b-b7",
+        "qwen3.8-27b-dflash2",
+        "muse-glimmer-30b-dflash2",
     ],
 )
 def test_public_presets_parse_and_plan_matches_loader(preset):
@@ -788,7 +789,9 @@ def test_public_presets_parse_and_plan_matches_loader(preset):
     want = backbone_shapes(cfg)
     assert {n: s for n, s in shapes.items() if n in want} == want
     extra = set(shapes) - set(want)
-    assert all(n.startswith(("markov_head.", "confidence_head.")) for n in extra), extra
+    assert all(n.startswith(("markov_head.", "confidence_head.")) for n in extra) or (
+        {n: shapes[n] for n in extra} == head_shapes(cfg)  # DFlash2: the candidate selector
+    ), extra
     g = PRESETS[preset]
     assert (cfg.hidden, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff, cfg.n_layer) == (
         g["hidden"],
@@ -801,6 +804,136 @@ def test_public_presets_parse_and_plan_matches_loader(preset):
     assert cfg.block_size == g["block_size"] and cfg.mask_token_id == g["mask_token_id"]
     assert cfg.attention_bias == (preset == "gpt-oss-20b-b8")
     assert cfg.rope_of(0).rope_type == ("yarn" if preset == "gpt-oss-20b-b8" else "default")
+
+
+# --------------------------------------------------------------------------- DFlash2
+
+D2 = PRESETS["tiny-dflash2"]  # hidden 64, 2 layers, vocab 512, k 2, groups of 16, rank 16
+D2_PROJ_ROWS = 2 * 2 * 64 // 16
+
+
+def test_dflash2_checkpoint_opens(tmp_path):
+    from pydflash.io.checkpoint import (
+        PREDECESSOR_CODEBOOK,
+        SELECTOR_HIDDEN,
+        SUCCESSOR_CODEBOOK,
+        dflash2_conv_names,
+        dflash2_layer_names,
+    )
+
+    ck = Checkpoint.open(make_checkpoint(tmp_path / "c", "tiny-dflash2"))
+    assert ck.cfg.dflash2 is not None and ck.cfg.vocab_size == 512 and not ck.unknown
+    assert ck.cfg.layer_causal == (False, False) and ck.cfg.window_of(1) == 8
+    assert dflash2_layer_names(1) == (
+        "layers.1.attention_conv.base_kernel",
+        "layers.1.attention_conv.kernel_projection.weight",
+        "layers.1.mlp_conv.base_kernel",
+        "layers.1.mlp_conv.kernel_projection.weight",
+    )
+    assert dflash2_conv_names(0, "mlp_conv") == (
+        "layers.0.mlp_conv.base_kernel",
+        "layers.0.mlp_conv.kernel_projection.weight",
+    )
+    want = {
+        SELECTOR_HIDDEN: (16, 64),
+        PREDECESSOR_CODEBOOK: (512, 16),
+        SUCCESSOR_CODEBOOK: (512, 16),
+    }
+    for i in range(2):
+        base_a, proj_a, base_m, proj_m = dflash2_layer_names(i)
+        want.update({base_a: (2, 2, 64), base_m: (2, 2, 64)})
+        want.update({proj_a: (D2_PROJ_ROWS, 64), proj_m: (D2_PROJ_ROWS, 64)})
+    used = ck.used_shapes()  # what ReferenceDraft.load reads
+    assert {n: used[n] for n in want} == want
+    assert set(ck.tensors) == set(used)  # nothing else in the checkpoint
+    assert ck.read_f32(PREDECESSOR_CODEBOOK).shape == (512, 16)
+    dflash = Checkpoint.open(make_checkpoint(tmp_path / "d", "tiny"))
+    assert not any("conv" in n or "selector" in n for n in dflash.used_shapes())
+
+
+def test_dflash2_missing_codebook_named(tmp_path):
+    path = make_checkpoint(
+        tmp_path / "c", "tiny-dflash2", drop_tensors=["candidate_selector.successor_codebook"]
+    )
+    msg = open_error(path)
+    assert "1 problem(s)" in msg
+    assert "candidate_selector.successor_codebook: missing (expected shape [512, 16])" in msg
+
+
+def test_dflash2_wrong_base_kernel_shape_named(tmp_path):
+    name = "layers.1.mlp_conv.base_kernel"
+    path = make_checkpoint(
+        tmp_path / "c", "tiny-dflash2", extra_tensors={name: bf16(np.ones((2, 3, 64)))}
+    )
+    assert f"{name}: expected shape [2, 2, 64], found [2, 3, 64]" in open_error(path)
+
+
+def test_dflash2_problems_all_named_at_once(tmp_path):
+    path = make_checkpoint(
+        tmp_path / "c",
+        "tiny-dflash2",
+        drop_tensors=["layers.0.attention_conv.kernel_projection.weight"],
+        extra_tensors={
+            "layers.1.attention_conv.base_kernel": bf16(np.ones((2, 2, 32))),
+            "candidate_selector.hidden_projection.weight": bf16(np.ones((16, 32))),
+            "candidate_selector.predecessor_codebook": bf16(np.ones((256, 16))),
+            "layers.0.mlp_conv.kernel_projection.bias": bf16(np.ones(D2_PROJ_ROWS)),
+        },
+    )
+    msg = open_error(path)
+    assert "5 problem(s)" in msg, msg
+    for line in (
+        "layers.0.attention_conv.kernel_projection.weight: missing (expected shape [16, 64])",
+        "layers.1.attention_conv.base_kernel: expected shape [2, 2, 64], found [2, 2, 32]",
+        "candidate_selector.hidden_projection.weight: expected shape [16, 64], found [16, 32]",
+        "candidate_selector.predecessor_codebook: expected shape [512, 16], found [256, 16]",
+        "layers.0.mlp_conv.kernel_projection.bias: not used by this drafter's configuration",
+    ):
+        assert line in msg, line
+
+
+DFLASH2_TENSORS = [
+    "layers.0.attention_conv.base_kernel",
+    "layers.1.mlp_conv.kernel_projection.weight",
+    "candidate_selector.hidden_projection.weight",
+    "candidate_selector.predecessor_codebook",
+    "candidate_selector.successor_codebook",
+]
+
+
+def test_dflash2_tensors_in_a_dflash_checkpoint_named(tmp_path):
+    """A DFlash (v1) config with DFlash2 tensors: each refused by name, never ignored."""
+    extra = {n: bf16(np.ones(4)) for n in DFLASH2_TENSORS}
+    msg = open_error(make_checkpoint(tmp_path / "c", "tiny", extra_tensors=extra))
+    assert f"{len(DFLASH2_TENSORS)} problem(s)" in msg
+    for name in DFLASH2_TENSORS:
+        assert f"{name}: a DFlash2 tensor, but config.json declares no DFlash2 drafter" in msg
+        assert changes_the_math(name)
+
+
+def test_dflash2_beside_a_markov_head_refused(tmp_path):
+    extra = {
+        MARKOV_W1: bf16(np.ones((512, RANK))),
+        MARKOV_W2: bf16(np.ones((512, RANK))),
+        CONF_W: bf16(np.ones((1, H))),
+        CONF_B: bf16(np.ones(1)),
+    }
+    msg = open_error(make_checkpoint(tmp_path / "c", "tiny-dflash2", extra_tensors=extra))
+    assert f"{MARKOV_W1}: a Markov head beside the DFlash2 selector" in msg
+    assert f"{CONF_W}: a confidence head beside the DFlash2 selector" in msg
+
+
+def test_dflash2_config_without_its_tensors_refused(tmp_path):
+    """A DFlash2 config over a DFlash checkpoint: the 11 missing tensors named (the backbone
+    alone would compute an untrained model)."""
+    path = make_checkpoint(tmp_path / "c", "tiny-dflash2")
+    dflash = make_checkpoint(tmp_path / "d", "tiny", overrides={"vocab": 512, "mask_token_id": 511})
+    for f in st_files(path):
+        f.unlink()
+    for f in st_files(dflash):
+        os.replace(f, path / f.name)
+    msg = open_error(path)
+    assert "11 problem(s)" in msg and "candidate_selector.successor_codebook: missing" in msg
 
 
 # --------------------------------------------------------------------------- the serving engines'

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pydflash.errors import ConfigError, PydflashError
-from pydflash.model.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, DflashCfg
+from pydflash.model.config import BONUS_ANCHOR, SAMPLE_FROM_ANCHOR, Dflash2Cfg, DflashCfg
 
 # --------------------------------------------------------------------------- config shapes
 
@@ -756,24 +756,191 @@ def test_partial_rotary_factor_refused(where):
     DflashCfg.from_dict(raw)
 
 
-@pytest.mark.parametrize("arch", ["DFlash2DraftModel", "Qwen3DFlash2ForCausalLM"])
-def test_dflash2_architecture_refused(arch):
-    raw = zlab_nested()
+# --------------------------------------------------------------------------- DFlash2
+
+DFLASH2_HEAD = {
+    "conv_kernel_size": 2,
+    "conv_group_size": 16,
+    "selector_rank": 256,
+    "selector_top_k": 16,
+}
+
+
+def dflash2_config() -> dict:
+    """The published incoai Muse-Glimmer-30B-DFlash2 config (z-lab/dflash's test fixture, a
+    verbatim copy), trimmed of the keys no runtime reads."""
+    return {
+        "architectures": ["DFlash2DraftModel"],
+        "attention_bias": False,
+        "is_causal": False,
+        "dflash_config": {
+            "block_size": 16,
+            **DFLASH2_HEAD,
+            "final_logit_softcapping": 20.0,
+            "mask_token_id": 201818,
+            "output_multiplier": 0.19611613513818404,
+            "target_layer_ids": [1, 13, 25, 37, 49],
+        },
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 6656,
+        "intermediate_size": 19968,
+        "layer_types": ["sliding_attention"] * 5,
+        "max_position_embeddings": 131072,
+        "max_window_layers": 5,
+        "model_type": "qwen3",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 5,
+        "num_key_value_heads": 8,
+        "num_target_layers": 52,
+        "rms_norm_eps": 1e-05,
+        "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+        "sliding_window": 2048,
+        "use_sliding_window": True,
+        "vocab_size": 202048,
+    }
+
+
+def test_published_dflash2_config_parses():
+    """Every layer slides (2048) non-causally, the scales come from dflash_config, and the
+    head is read into cfg.dflash2."""
+    c = DflashCfg.from_dict(dflash2_config())
+    assert c.dflash2 == Dflash2Cfg(2, 16, 256, 16)
+    assert c.layer_causal == (False,) * 5 and all(c.window_of(i) == 2048 for i in range(5))
+    assert (c.output_multiplier, c.final_logit_softcapping) == (0.19611613513818404, 20.0)
+    assert (c.block_size, c.mask_token_id, c.vocab_size) == (16, 201818, 202048)
+    assert c.layout == BONUS_ANCHOR and c.rope_theta == 500000.0
+    assert DflashCfg.from_dict(zlab_nested()).dflash2 is None  # DFlash v1: no head
+
+
+@pytest.mark.parametrize("where", ["top", "nested"])
+def test_dflash2_keys_read_at_top_level_or_nested(where):
+    raw = dflash2_config()
+    head = {"conv_kernel_size": 3, "conv_group_size": 32, "selector_rank": 64, "selector_top_k": 8}
+    for key in DFLASH2_HEAD:
+        del raw["dflash_config"][key]
+    (raw if where == "top" else raw["dflash_config"]).update(head)
+    assert DflashCfg.from_dict(raw).dflash2 == Dflash2Cfg(**head)
+
+
+def test_dflash2_nested_key_wins_over_the_top_level():
+    """z-lab's _draft_value reads dflash_config first; vLLM reads only dflash_config."""
+    raw = dflash2_config()
+    raw["selector_top_k"] = 4
+    assert DflashCfg.from_dict(raw).dflash2.selector_top_k == 16
+
+
+@pytest.mark.parametrize("arch", ["DFlash2DraftModel", "DFlash2Qwen3ForCausalLM"])
+def test_dflash2_architectures_accepted(arch):
+    raw = dflash2_config()
     raw["architectures"] = [arch]
-    with pytest.raises(ConfigError, match=f"architectures: '{arch}': DFlash2"):
-        DflashCfg.from_dict(raw)
+    assert DflashCfg.from_dict(raw).dflash2 == Dflash2Cfg(2, 16, 256, 16)
 
 
-@pytest.mark.parametrize(
-    "key", ["conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"]
-)
+def test_dflash2_head_keys_without_architectures_declare_the_head():
+    raw = dflash2_config()
+    del raw["architectures"]
+    assert DflashCfg.from_dict(raw).dflash2 == Dflash2Cfg(2, 16, 256, 16)
+
+
+@pytest.mark.parametrize("key", list(DFLASH2_HEAD))
 @pytest.mark.parametrize("nested", [True, False])
-def test_dflash2_head_keys_refused(key, nested):
+def test_dflash2_key_beside_another_architecture_refused(key, nested):
     raw = zlab_nested()
     (raw["dflash_config"] if nested else raw)[key] = 4
     where = "dflash_config." if nested else ""
-    with pytest.raises(ConfigError, match=f"{where}{key}: 4: a DFlash2 head"):
+    with pytest.raises(
+        ConfigError, match=f"{where}{key}: 4: a DFlash2 head key, but architectures"
+    ):
         DflashCfg.from_dict(raw)
+
+
+def test_dflash2_bounds_problems_reported_together():
+    raw = dflash2_config()
+    raw["dflash_config"].update(
+        conv_kernel_size=0, conv_group_size=True, selector_rank=2**20, selector_top_k=1.5
+    )
+    del raw["vocab_size"]
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_dict(raw)
+    msg = str(ei.value)
+    assert "5 problem(s)" in msg, msg
+    for line in (
+        "dflash_config.conv_kernel_size: must be an integer in [1, 64], found 0",
+        "dflash_config.conv_group_size: must be an integer in [1, 65536], found True",
+        "dflash_config.selector_rank: must be an integer in [1, 65536], found 1048576",
+        "dflash_config.selector_top_k: must be an integer in [1, 1024], found 1.5",
+        "vocab_size: missing (the DFlash2 selector's codebooks have a row a token)",
+    ):
+        assert line in msg, line
+
+
+def test_dflash2_missing_keys_each_named():
+    raw = dflash2_config()
+    for key in DFLASH2_HEAD:
+        del raw["dflash_config"][key]
+    with pytest.raises(ConfigError) as ei:
+        DflashCfg.from_dict(raw)
+    msg = str(ei.value)
+    assert "4 problem(s)" in msg
+    for key in DFLASH2_HEAD:
+        assert f"{key}: missing (top level or dflash_config): a DFlash2 drafter needs it" in msg
+
+
+@pytest.mark.parametrize("gs", [24, 6657, 100])
+def test_dflash2_group_size_must_divide_hidden(gs):
+    raw = dflash2_config()
+    raw["dflash_config"]["conv_group_size"] = gs
+    with pytest.raises(
+        ConfigError, match=f"dflash_config.conv_group_size: {gs} does not divide hidden_size 6656"
+    ):
+        DflashCfg.from_dict(raw)
+
+
+def test_dflash2_top_k_within_the_vocabulary():
+    raw = dflash2_config()
+    raw.update(vocab_size=8, mask_token_id=7)
+    raw["dflash_config"].pop("mask_token_id")
+    with pytest.raises(ConfigError, match="selector_top_k: 16 exceeds vocab_size 8"):
+        DflashCfg.from_dict(raw)
+    raw["dflash_config"]["selector_top_k"] = 8
+    assert DflashCfg.from_dict(raw).dflash2.selector_top_k == 8
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"markov_rank": 256}, "markov_rank: a Markov head beside the DFlash2 selector"),
+        ({"enable_confidence_head": True}, "enable_confidence_head: a confidence head beside"),
+        ({"draft_vocab_size": 32000}, "draft_vocab_size: 32000 beside the DFlash2 selector"),
+        ({"sample_from_anchor": True}, "sample_from_anchor: a DFlash2 drafter is bonus_anchor"),
+        ({"logit_scale": 2.0}, "logit_scale: 2 with a DFlash2 drafter"),
+    ],
+)
+def test_dflash2_refuses_what_the_selector_replaces(change, needle):
+    raw = dflash2_config()
+    raw.update(change)
+    if "logit_scale" in change:
+        del raw["dflash_config"]["final_logit_softcapping"]  # a scale beside a cap: refused too
+    with pytest.raises(ConfigError, match=needle):
+        DflashCfg.from_dict(raw)
+
+
+def test_dflash2_cfg_made_by_hand_is_bounded():
+    from pydflash.model import bounds
+
+    cfg = DflashCfg.from_dict(dflash2_config())
+    assert bounds.cfg_problems(cfg) == []
+    bad = dataclasses.replace(
+        cfg, dflash2=Dflash2Cfg(conv_group_size=24, selector_top_k=10**6), vocab_size=None
+    )
+    problems = bounds.cfg_problems(bad)
+    assert any(p.startswith("selector_top_k: must be an integer in [1, 1024]") for p in problems)
+    bad = dataclasses.replace(cfg, dflash2=Dflash2Cfg(conv_group_size=24), vocab_size=None)
+    assert bounds.cfg_problems(bad) == [
+        "conv_group_size: 24 does not divide hidden_size 6656",
+        "vocab_size: missing (the DFlash2 selector's codebooks have a row a token)",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -1020,7 +1187,7 @@ def test_hidden_act(act, ok):
 def test_unimplemented_keys_all_reported_at_once(tmp_path):
     raw = zlab_nested()
     raw.update(
-        architectures=["DFlash2DraftModel"],
+        mlp_bias=True,
         hidden_act="gelu",
         is_causal="yes",
         partial_rotary_factor=0.5,
@@ -1033,7 +1200,7 @@ def test_unimplemented_keys_all_reported_at_once(tmp_path):
     msg = str(ei.value)
     assert "7 problem(s)" in msg and str(path) in msg
     for key in (
-        "architectures",
+        "mlp_bias",
         "hidden_act",
         "is_causal",
         "partial_rotary_factor",

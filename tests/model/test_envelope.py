@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from pydflash import DflashCfg, GeometryError
-from pydflash.model.envelope import check_geometry, geometry_problems
+from pydflash.model.config import Dflash2Cfg
+from pydflash.model.envelope import DFLASH2_NOT_ON_GPU, check_geometry, geometry_problems
 
 BASE = DflashCfg(
     hidden=2880,
@@ -57,3 +58,24 @@ def test_all_problems_in_one_error():
     msg = str(info.value)
     assert "ckpt/config.json" in msg and "3 problem(s)" in msg
     assert "hidden 2888" in msg and "intermediate_size 100" in msg and "block_size 1000" in msg
+
+
+def test_dflash2_has_no_gpu_path_yet():
+    cfg = dataclasses.replace(BASE, dflash2=Dflash2Cfg())
+    assert geometry_problems(cfg) == [DFLASH2_NOT_ON_GPU]
+    with pytest.raises(GeometryError) as info:
+        check_geometry(cfg, "ckpt")
+    msg = str(info.value)
+    assert "DFlash2" in msg and "not implemented yet" in msg
+    assert "pydflash.reference.ReferenceDraft runs it" in msg
+
+
+def test_dflash_draft_load_refuses_dflash2_before_the_gpu(tmp_path):
+    """DflashDraft.load reads and checks the checkpoint, then refuses it before it touches the
+    engine (None here: nothing of it is used first), so no GPU is needed to see the refusal."""
+    from pydflash import DflashDraft
+    from tools.make_checkpoint import make_checkpoint
+
+    path = make_checkpoint(tmp_path / "c", "tiny-dflash2")
+    with pytest.raises(GeometryError, match="DFlash2 drafter .*ReferenceDraft runs it"):
+        DflashDraft.load(None, path)  # type: ignore[arg-type]

@@ -620,3 +620,132 @@ def test_public_presets_of_issue8():
     assert cfg["sample_from_anchor"] is True
     assert shapes["confidence_head.proj.weight"] == (1, 2560 + 256)
     assert shapes["markov_head.markov_w2.weight"] == (151936, 256)
+
+
+# ----------------------------------------------------------------------------- DFlash2
+
+
+def dflash2_shapes(g):
+    """The DFlash2 tensors a geometry adds, written out independently of the tool."""
+    d2, h, v = g["dflash2"], g["hidden"], g["vocab"]
+    k, r = d2["conv_kernel_size"], d2["selector_rank"]
+    e = {
+        "candidate_selector.hidden_projection.weight": (r, h),
+        "candidate_selector.predecessor_codebook": (v, r),
+        "candidate_selector.successor_codebook": (v, r),
+    }
+    for i in range(g["n_layer"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            e[f"layers.{i}.{conv}.base_kernel"] = (2, k, h)
+            e[f"layers.{i}.{conv}.kernel_projection.weight"] = (
+                2 * k * h // d2["conv_group_size"],
+                h,
+            )
+    return e
+
+
+HEAD_OF_PUBLISHED_DFLASH2 = {
+    "conv_kernel_size": 2,
+    "conv_group_size": 16,
+    "selector_rank": 256,
+    "selector_top_k": 16,
+}
+
+
+def test_dflash2_public_presets():
+    """Both published DFlash2 configs field for field, and their tensors (plan only)."""
+    cfg, plan = checkpoint_plan("qwen3.8-27b-dflash2")  # z-lab Qwen3.8-27B-DFlash2
+    shapes = {n: s for n, s, _ in plan}
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["is_causal"] is False
+    assert cfg["layer_types"] == ["sliding_attention"] * 5 and cfg["sliding_window"] == 2048
+    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]) == (
+        5120,
+        17408,
+        5,
+    )
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (32, 8, 128)
+    assert cfg["vocab_size"] == 248320 and cfg["rope_theta"] == 1e7 and cfg["rms_norm_eps"] == 1e-6
+    assert cfg["num_target_layers"] == 64 and cfg["max_position_embeddings"] == 262144
+    assert "block_size" not in cfg
+    assert cfg["dflash_config"] == {
+        "mask_token_id": 248070,
+        "target_layer_ids": [5, 19, 33, 47, 61],
+        "block_size": 8,
+        **HEAD_OF_PUBLISHED_DFLASH2,
+    }
+    assert shapes["layers.4.attention_conv.kernel_projection.weight"] == (1280, 5120)
+    assert shapes["candidate_selector.predecessor_codebook"] == (248320, 256)
+    assert shapes["fc.weight"] == (5120, 5 * 5120)
+    g = PRESETS["qwen3.8-27b-dflash2"]
+    assert shapes == {**expected_shapes(g), **dflash2_shapes(g)}
+
+    cfg, plan = checkpoint_plan("muse-glimmer-30b-dflash2")  # incoai Muse-Glimmer-30B-DFlash2
+    shapes = {n: s for n, s, _ in plan}
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["is_causal"] is False
+    assert cfg["layer_types"] == ["sliding_attention"] * 5 and cfg["sliding_window"] == 2048
+    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]) == (
+        6656,
+        19968,
+        202048,
+    )
+    assert cfg["rope_theta"] == 5e5 and cfg["rms_norm_eps"] == 1e-5
+    assert cfg["num_target_layers"] == 52 and cfg["max_position_embeddings"] == 131072
+    assert cfg["dflash_config"] == {
+        "mask_token_id": 201818,
+        "target_layer_ids": [1, 13, 25, 37, 49],
+        "block_size": 16,
+        "output_multiplier": 0.19611613513818404,
+        "final_logit_softcapping": 20.0,
+        **HEAD_OF_PUBLISHED_DFLASH2,
+    }
+    # the published header's shapes (z-lab/dflash's fixture)
+    assert shapes["layers.0.attention_conv.base_kernel"] == (2, 2, 6656)
+    assert shapes["layers.0.mlp_conv.kernel_projection.weight"] == (1664, 6656)
+    assert shapes["candidate_selector.hidden_projection.weight"] == (256, 6656)
+    assert shapes["candidate_selector.successor_codebook"] == (202048, 256)
+    g = PRESETS["muse-glimmer-30b-dflash2"]
+    assert shapes == {**expected_shapes(g), **dflash2_shapes(g)}
+    assert len(shapes) == 3 + 5 * 15 + 3  # 23 DFlash2 tensors beside the 58 of DFlash
+
+
+def test_tiny_dflash2_written(tmp_path):
+    g = PRESETS["tiny-dflash2"]
+    p = make_checkpoint(tmp_path / "c", "tiny-dflash2")
+    c = cfg_of(p)
+    assert c["is_causal"] is False and c["sliding_window"] == 8 and c["vocab_size"] == 512
+    assert c["dflash_config"]["block_size"] == 4 and c["dflash_config"]["selector_top_k"] == 4
+    got = check_tensors(p, {**expected_shapes(g), **dflash2_shapes(g)})
+    got = {k: v.astype(np.float32) for k, v in got.items()}
+    for k, v in got.items():
+        assert np.isfinite(v).all() and np.any(v != 0), k
+    for i in range(2):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = got[f"layers.{i}.{conv}.base_kernel"]  # near the identity: tap 0 about 1
+            assert 0.89 <= base[:, 0].min() and base[:, 0].max() <= 1.11
+            assert np.abs(base[:, 1:]).max() <= 0.101
+            proj = got[f"layers.{i}.{conv}.kernel_projection.weight"]
+            assert np.abs(proj).max() <= 0.2 * math.sqrt(3 / 64) * 1.01
+    book = got["candidate_selector.predecessor_codebook"]  # [vocab, rank]: std 1/sqrt(rank)
+    assert abs(book.std() * math.sqrt(16) - 1) < 0.1
+    assert not np.array_equal(book, got["candidate_selector.successor_codebook"])
+
+
+def test_dflash2_flat_style_writes_the_head_at_top_level():
+    cfg, _ = checkpoint_plan("tiny-dflash2", config_style="flat")
+    assert cfg["selector_rank"] == 16 and cfg["conv_group_size"] == 16
+    assert "selector_rank" not in cfg.get("dflash_config", {})
+
+
+@pytest.mark.parametrize(
+    "dflash2, fragment",
+    [
+        ({"conv_kernel_size": 2}, "dflash2 must be None or a dict of"),
+        ([2, 16, 16, 4], "dflash2 must be None or a dict of"),
+        (dict(HEAD_OF_PUBLISHED_DFLASH2, selector_rank=0), "dflash2.selector_rank must be"),
+        (dict(HEAD_OF_PUBLISHED_DFLASH2, conv_group_size=24), "does not divide hidden 64"),
+    ],
+)
+def test_bad_dflash2_overrides(tmp_path, dflash2, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        make_checkpoint(tmp_path / "c", "tiny", overrides={"dflash2": dflash2})
+    assert not (tmp_path / "c").exists()

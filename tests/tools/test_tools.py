@@ -58,6 +58,24 @@ def test_load_check_valid_checkpoint(tmp_path, capsys):
     assert code == 0 and not err and "reference" in out
 
 
+def test_load_check_dflash2_reports_the_gpu_path_missing(tmp_path, capsys, monkeypatch):
+    """A valid DFlash2 checkpoint: the reference runs it, and on a GPU machine the report
+    says the GPU path is not implemented yet (exit 0: the checkpoint is not at fault)."""
+    path = mc.make_checkpoint(tmp_path / "c", "tiny-dflash2")
+    monkeypatch.setattr(load_check, "cuda_available", lambda: True)
+
+    def no_gpu_check(*args):
+        raise AssertionError("gpu_check ran for a DFlash2 checkpoint")
+
+    monkeypatch.setattr(load_check, "gpu_check", no_gpu_check)
+    code, out, err = run_main(load_check.main, [str(path)], capsys)
+    assert code == 0 and not err, err
+    assert "heads        dflash2 conv 2 taps in groups of 16" in out
+    assert "reference    forward" in out
+    assert "gpu          not run: dflash2: a DFlash2 drafter" in out
+    assert "pydflash.reference.ReferenceDraft runs it" in out
+
+
 @pytest.mark.parametrize(
     "override, fragment",
     [
