@@ -8,6 +8,8 @@ drawn from the draft distribution q_k, is accepted while u_k * q_k(x_k) < p_k(x_
 u_k < p/q); at the first rejection k the next token is drawn from the residual
 norm(max(0, p_k - q_k)); when every draft is accepted, from the target's last distribution
 p_n (the bonus token). The emitted tokens are then distributed exactly as the target's.
+candidate_accept is the same rule for drafts proposed from candidate sets (DFlash2): q is each
+slot's distribution over its K candidates, zero elsewhere.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import philox
-from .errors import ShapeError
+from .errors import ArgumentError, ShapeError
 
 
 def gumbel(u: np.ndarray) -> np.ndarray:
@@ -127,9 +129,75 @@ def speculative_accept(
             break
         k += 1
     r = np.maximum(p32[k] - q32[k], np.float32(0)) if k < n else p32[k]
-    positive = r > 0
-    if not positive.any():
+    if not (r > 0).any():
         return k, _argmax(p32[k])
+    return k, _gumbel_of_mass(r, us)
+
+
+def _gumbel_of_mass(r: np.ndarray, us: np.ndarray) -> int:
+    """A draw of norm(r) (r >= 0 with some mass) by Gumbel-max over its positive entries:
+    argmax of log(r_j) - log(-log u_j), in float32 like the kernel."""
+    positive = r > 0
     with np.errstate(divide="ignore"):
         score = np.log(np.where(positive, r, np.float32(1))) - np.log(-np.log(us))
-    return k, _argmax(np.where(positive, score, -np.inf).astype(np.float32))
+    return _argmax(np.where(positive, score, -np.inf).astype(np.float32))
+
+
+def candidate_accept(
+    drafts: np.ndarray,
+    candidates: np.ndarray,
+    q_candidates: np.ndarray,
+    p: np.ndarray,
+    *,
+    seed: int | None = None,
+    offset: int = 0,
+    u_accept: np.ndarray | None = None,
+    u_sample: np.ndarray | None = None,
+) -> tuple[int, int]:
+    """Speculative sampling of drafts proposed from candidate sets (a DFlash2 walk:
+    reference.dflash2.CandidateProposal): slot k's draft was drawn from q_candidates[k] over
+    the ids candidates[k] [K] (distinct, the draft among them), and is checked against the
+    target's distributions p [n+1, V] -> (accepted, next token).
+
+    q_k(x) is x's entry in its slot's row, 0 for a token outside the set; slot k is accepted
+    while u_k * q_k(x_k) < p_k(x_k); at the first rejection the next token is drawn from the
+    residual norm(max(0, p_k - q_k)) (q scattered onto the candidates), or from p_k itself
+    when that has no mass (z-lab's rule; reachable only by rounding); when every draft is
+    accepted, from p_n. Uniforms and arithmetic as speculative_accept's (so both agree
+    wherever the residual has mass); greedy verification stays greedy_accept."""
+    d = np.asarray(drafts).reshape(-1)
+    n = d.size
+    cand = np.asarray(candidates)
+    if cand.dtype.kind not in "iu" or cand.ndim != 2 or cand.shape[0] != n:
+        raise ShapeError(
+            f"candidates: expected integer ids [{n}, K], found {cand.dtype} {list(cand.shape)}"
+        )
+    qc = np.asarray(q_candidates, np.float32)
+    if qc.shape != cand.shape:
+        raise ShapeError(f"q_candidates: expected {list(cand.shape)}, found {list(qc.shape)}")
+    if not (np.isfinite(qc).all() and (qc >= 0).all()):
+        raise ArgumentError("q_candidates: expected finite probabilities >= 0")
+    p32 = np.asarray(p, np.float32)
+    if p32.ndim != 2 or p32.shape[0] != n + 1:
+        raise ShapeError(f"p: expected [{n + 1}, V], found {list(p32.shape)}")
+    vocab = p32.shape[1]
+    if cand.size and (cand.min() < 0 or cand.max() >= vocab):
+        raise ArgumentError(f"candidates: ids outside the vocabulary [0, {vocab})")
+    q = np.zeros((n, vocab), np.float32)
+    for k in range(n):
+        if np.unique(cand[k]).size != cand.shape[1]:
+            raise ArgumentError(f"candidates[{k}]: the ids of a slot must be distinct")
+        if not (cand[k] == d[k]).any():
+            raise ArgumentError(f"drafts[{k}]: token {int(d[k])} is not among candidates[{k}]")
+        q[k, cand[k]] = qc[k]
+    if (u_accept is None) != (u_sample is None):
+        raise ShapeError("u_accept and u_sample: give both or neither")
+    if u_accept is None:
+        if seed is None:
+            raise ShapeError("give seed (and offset) or the uniforms u_accept and u_sample")
+        u_accept, u_sample = verify_uniforms(seed, offset, n, vocab)
+    k, nxt = speculative_accept(d, q, p32, u_accept=u_accept, u_sample=u_sample)
+    if k < n and not (np.maximum(p32[k] - q[k], np.float32(0)) > 0).any():
+        # no residual mass: draw from p_k itself (speculative_accept takes its argmax)
+        return k, _gumbel_of_mass(p32[k], np.asarray(u_sample, np.float32).reshape(-1))
+    return k, nxt

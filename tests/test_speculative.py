@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from pydflash import ReferenceDraft, philox, speculative
-from pydflash.errors import ShapeError
+from pydflash.errors import ArgumentError, ShapeError
+from pydflash.reference import dflash2
 from pydflash.testing import chi2_sf, chi_square
 from tools.make_checkpoint import make_checkpoint
 
@@ -151,6 +152,100 @@ def test_speculative_sampling_guarantee_numpy():
     assert chi_square(first, p[0])[2] > 1e-3
     assert chi_square(second, p[1])[2] > 1e-3
     assert second.sum() > trials / 10  # enough second tokens to mean something
+
+
+# -- candidate-set proposals (DFlash2) ---------------------------------------------------------
+def test_candidate_accept_by_hand():
+    """q scattered onto each slot's candidates, zero elsewhere; then speculative_accept's
+    rule: accept while u * q < p, residual norm(max(0, p - q)), bonus from the last p."""
+    cand = np.array([[2, 0], [1, 3]])
+    qc = np.array([[0.75, 0.25], [0.5, 0.5]], np.float32)
+    p = np.array([[0.25, 0.25, 0.5, 0.0], [0.1, 0.2, 0.3, 0.4], [0, 0, 1, 0]], np.float32)
+
+    # slot 0: token 2, q 0.75, p 0.5: u 0.6 accepts (0.45 < 0.5); slot 1: token 3, q 0.5,
+    # p 0.4: u 0.9 rejects (0.45 >= 0.4); residual max(p - q, 0) = [0.1, 0, 0.3, 0]
+    def accept(u_accept, u_sample):
+        return speculative.candidate_accept(
+            [2, 3], cand, qc, p, u_accept=u_accept, u_sample=u_sample
+        )
+
+    u_s = np.array([0.99, 0.5, 0.01, 0.5], np.float32)  # log .1 + 4.6 beats log .3 - 1.53
+    assert accept([0.6, 0.9], u_s) == (1, 0)
+    u_s = np.array([0.5, 0.5, 0.5, 0.5], np.float32)  # equal noise: the larger residual, 2
+    assert accept([0.6, 0.9], u_s) == (1, 2)
+    assert accept([0.6, 0.7], u_s) == (2, 2)  # 0.35 < 0.4 accepts slot 1: the bonus from p[2]
+    # the same as speculative_accept on the scattered q, seeded too
+    dense = np.zeros((2, 4), np.float32)
+    dense[0, [2, 0]], dense[1, [1, 3]] = qc[0], qc[1]
+    for off in range(20):
+        assert speculative.candidate_accept(
+            [0, 1], cand, qc, p, seed=3, offset=off
+        ) == speculative.speculative_accept([0, 1], dense, p, seed=3, offset=off)
+
+
+def test_candidate_accept_zero_residual_draws_from_p():
+    """A rejection whose residual has no mass (p <= q everywhere, reachable by rounding):
+    the next token is drawn from p itself (speculative_accept takes p's argmax instead)."""
+    cand, qc = np.array([[0, 1]]), np.array([[0.5, 0.5]], np.float32)
+    p = np.array([[0.25, 0.25, 0.0], [0, 0, 1]], np.float32)  # 0.9 * 0.5 >= 0.25: rejected
+    u_s = np.array([0.1, 0.9, 0.5], np.float32)  # equal p: the larger uniform wins, id 1
+    args = dict(u_accept=[0.9], u_sample=u_s)
+    assert speculative.candidate_accept([0], cand, qc, p, **args) == (0, 1)
+    dense = np.array([[0.5, 0.5, 0.0]], np.float32)
+    assert speculative.speculative_accept([0], dense, p, **args) == (0, 0)
+
+
+def test_candidate_accept_errors():
+    cand, qc = np.array([[0, 1]]), np.array([[0.5, 0.5]], np.float32)
+    p = np.full((2, 3), 1 / 3, np.float32)
+    with pytest.raises(ArgumentError, match=r"drafts\[0\]"):
+        speculative.candidate_accept([2], cand, qc, p, seed=1)
+    with pytest.raises(ArgumentError, match="distinct"):
+        speculative.candidate_accept([0], np.array([[0, 0]]), qc, p, seed=1)
+    with pytest.raises(ArgumentError, match="vocabulary"):
+        speculative.candidate_accept([0], np.array([[0, 3]]), qc, p, seed=1)
+    with pytest.raises(ShapeError, match="candidates"):
+        speculative.candidate_accept([0], cand.astype(float), qc, p, seed=1)
+    with pytest.raises(ShapeError, match="q_candidates"):
+        speculative.candidate_accept([0], cand, qc[:, :1], p, seed=1)
+    with pytest.raises(ArgumentError, match="q_candidates"):
+        speculative.candidate_accept([0], cand, -qc, p, seed=1)
+    with pytest.raises(ShapeError, match="p: expected"):
+        speculative.candidate_accept([0], cand, qc, p[:1], seed=1)
+    with pytest.raises(ShapeError, match="seed"):
+        speculative.candidate_accept([0], cand, qc, p)
+
+
+def test_candidate_sampling_guarantee(rng):
+    """Drafts from the DFlash2 walk (each slot's q over K of V tokens, conditioned on the token
+    drawn before), verified by candidate_accept: every emitted token is distributed as the
+    target's p at its position, tokens outside the candidate sets included (chi-square)."""
+    n, vocab, k, r, t, trials = 3, 8, 4, 3, 0.9, 20_000
+    pred, succ = rng.normal(0, 1, (vocab, r)), rng.normal(0, 1, (vocab, r))
+    hp = rng.normal(0, 1, (n, r))
+    cand = np.stack([rng.permutation(vocab)[:k] for _ in range(n)]).astype(np.int64)
+    unary = np.sort(rng.normal(0, 1, (n, k)))[:, ::-1].copy()
+    p = rng.dirichlet(np.ones(vocab) * 0.7, n + 1).astype(np.float32)
+    # uniforms strictly inside (0, 1), as Philox's are (the seeded path: the test above)
+    u = (rng.integers(0, 1 << 23, (trials, n + 2, vocab)) + 0.5) * 2.0**-23
+    first, second = np.zeros(vocab), np.zeros(vocab)
+    for i in range(trials):
+        walked = dflash2.walk(unary, cand, hp, pred, succ, 5, t, u[i, :n])
+        k_acc, nxt = speculative.candidate_accept(
+            walked.tokens,
+            walked.candidates,
+            walked.q_candidates,
+            p,
+            u_accept=u[i, n, :n],
+            u_sample=u[i, n + 1],
+        )
+        out = emitted(walked.tokens, k_acc, nxt)
+        first[out[0]] += 1
+        if len(out) > 1:
+            second[out[1]] += 1
+    assert chi_square(first, p[0])[2] > 1e-4
+    assert chi_square(second, p[1])[2] > 1e-4
+    assert second.sum() > trials / 20  # enough second tokens to mean something
 
 
 def test_chi_square_helper():

@@ -32,6 +32,8 @@ from ..io.checkpoint import (
 from ..model import bounds, rope
 from ..model.config import DflashCfg
 from ..model.rope import llama3_inv_freq  # noqa: F401  (re-exported: older code imports it from here)
+from . import dflash2
+from .dflash2 import CandidateProposal
 from .state import (
     ReferenceKv,
     Weights,
@@ -164,6 +166,8 @@ class ReferenceDraft:
         self.cfg, self.dtype = cfg, float_dtype(dtype)
         self.kv_dtype = kv_dtype_arg(kv_dtype, "kv_dtype")
         self.w = Weights(checked_weights(cfg, weights, self.dtype))
+        if cfg.dflash2 is not None:  # the conv tensors every layer needs (dflash2.py)
+            dflash2.check_weights(cfg, self.w)
         # per layer: its own inverse frequencies and attention factor (per-layer-type RoPE)
         self.rope = [rope.tables(cfg.rope_of(i), cfg.head_dim) for i in range(cfg.n_layer)]
         self.inv_freq = self.rope[0][0] if self.rope else cfg_inv_freq(cfg)
@@ -228,6 +232,8 @@ class ReferenceDraft:
         c, p = self.cfg, f"layers.{layer}."
         w = self.w
         xn = rms_norm(x, w[p + "input_layernorm.weight"], c.eps)
+        # DFlash2: the attention sees the conv of the normed rows (q and the block's K/V alike)
+        xn, after = self._conv_in(layer, dflash2.ATTENTION_CONV, xn)
         q = self._proj(xn, p + "self_attn.q_proj").reshape(-1, c.n_head, c.head_dim)
         q = rms_norm(q, w[p + "self_attn.q_norm.weight"], c.eps)
         q = rope_neox(q, pos_block, *self.rope[layer], c.rope_interleaved)
@@ -239,10 +245,29 @@ class ReferenceDraft:
         causal_from = len(k_ctx) if c.causal_of(layer) else None
         sink = w[p + SINK] if c.attention_sink else None
         a = attention(q, k, v, pos_block, pos_k, c.window_of(layer), causal_from, sink)
-        x = x + self._proj(a, p + "self_attn.o_proj")
+        o = self._proj(a, p + "self_attn.o_proj")
+        x = x + self._conv_out(layer, dflash2.ATTENTION_CONV, o, after)
         n = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps)
+        n, after = self._conv_in(layer, dflash2.MLP_CONV, n)
         ff = silu(n @ w[p + "mlp.gate_proj.weight"].T) * (n @ w[p + "mlp.up_proj.weight"].T)
-        return x + ff @ w[p + "mlp.down_proj.weight"].T
+        f = ff @ w[p + "mlp.down_proj.weight"].T
+        return x + self._conv_out(layer, dflash2.MLP_CONV, f, after)
+
+    def _conv_in(
+        self, layer: int, conv: str, n: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """DFlash2's conv before a sublayer (n itself for other drafters), and its kernel's
+        second half for _conv_out."""
+        if self.cfg.dflash2 is None:
+            return n, None
+        return dflash2.conv_in(self.cfg, self.w, layer, conv, n)
+
+    def _conv_out(
+        self, layer: int, conv: str, y: np.ndarray, after: np.ndarray | None
+    ) -> np.ndarray:
+        if after is None:
+            return y
+        return dflash2.conv_out(self.cfg, self.w, layer, conv, y, after)
 
     def forward(
         self,
@@ -402,6 +427,57 @@ class ReferenceDraft:
                 full[:, np.arange(lm.shape[0]) + d2t] = probs
                 probs = full
         return DraftResult(tokens, probs, conf, survival, q)
+
+    def propose_candidates(
+        self,
+        hidden: np.ndarray,
+        lm_head: np.ndarray,
+        last: int,
+        *,
+        logit_softcap: float | None = FROM_CONFIG,
+        output_multiplier: float = FROM_CONFIG,
+        temperature: float = 0.0,
+        uniforms: np.ndarray | None = None,
+        seed: int | None = None,
+        offset: int = 0,
+    ) -> CandidateProposal:
+        """DFlash2's proposal for the layout's draft rows: the candidate selector's walk
+        (pydflash.reference.dflash2), starting from the anchor token `last`.
+
+        The logits are lm_head . h * output_multiplier, soft-capped (defaults: the config's,
+        as in `draft`); their top selector_top_k are a row's candidates. temperature > 0
+        samples each slot from softmax(s / T) by Gumbel-max with `uniforms` [n_drafts, V] or
+        Philox at (`seed`, `offset`) (stream DRAFT, row = slot, col = token id: what `draft`
+        draws); with neither, a fresh seed. Returns the tokens, the candidate ids, the
+        distributions q over them (one-hot when greedy) and the walk's scores."""
+        c = self.cfg
+        d2 = dflash2.head_of(c)
+        cap, mult = checks.draft_scales(c, logit_softcap, output_multiplier)
+        h, lm, last, cap, temperature = draft_args(
+            c, self.w, self.dtype, hidden, lm_head, last, cap, temperature, None, mult
+        )
+        pred, succ = self.w[dflash2.PREDECESSOR_CODEBOOK], self.w[dflash2.SUCCESSOR_CODEBOOK]
+        hp_w = self.w[dflash2.HIDDEN_PROJECTION]
+        if lm.shape[0] != pred.shape[0]:  # the codebooks are indexed by the lm_head's ids
+            raise ShapeError(
+                f"lm_head: vocabulary {lm.shape[0]} != the candidate selector's codebooks' "
+                f"{pred.shape[0]}"
+            )
+        rows = c.draft_rows()
+        logits = np.stack([(lm @ h[r]) * self.dtype.type(mult) for r in rows])
+        if cap is not None:
+            logits = np.tanh(logits / cap) * cap
+        unary, cand = dflash2.top_candidates(logits, d2.selector_top_k)
+        u = None
+        if temperature > 0:
+            if uniforms is not None:
+                u = self._rows("uniforms", uniforms, len(rows), lm.shape[0])
+            else:
+                if seed is None:
+                    seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+                u = philox.uniforms(seed, offset, philox.STREAM_DRAFT, len(rows), lm.shape[0])
+        hp = h[np.asarray(rows)] @ hp_w.T
+        return dflash2.walk(unary, cand, hp, pred, succ, last, temperature, u)
 
     def _trimmed(self, lm: np.ndarray) -> bool:
         """Whether the draft step maps ids through d2t: a trimmed vocabulary's own head."""
