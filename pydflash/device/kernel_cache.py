@@ -178,7 +178,6 @@ class KernelCache:
             )
         return done
 
-
     def _on_disk(self, fam: kernels.Family, target: str) -> bool:
         path = self.path(fam, target)
         return path is not None and path.is_file()

@@ -32,9 +32,7 @@ class GraphCache:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self._graphs: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._graphs: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
 
     def run(
         self,
