@@ -91,3 +91,8 @@ class DeviceFaultError(DeviceError):
     illegal address): the message carries CUDA's text, and the kernel's name where the engine
     synchronises after every launch (Engine(debug_sync=True)). A fault poisons the process's
     CUDA context: every later call fails the same way until the process restarts."""
+
+
+class WrongDeviceError(DeviceError, ValueError):
+    """An array the call was given lives on another device than the engine's (the message names
+    the argument and both devices); pydflash never reads across devices silently."""

@@ -21,6 +21,8 @@ from pydflash import errors
         (errors.DeviceMemoryError, errors.DeviceError),
         (errors.UnsupportedDeviceError, errors.DeviceError),
         (errors.DeviceFaultError, errors.DeviceError),
+        (errors.WrongDeviceError, errors.DeviceError),
+        (errors.WrongDeviceError, ValueError),
         (errors.DeviceError, RuntimeError),
     ],
 )

@@ -40,6 +40,7 @@ from ..errors import (
     NoDeviceError,
     ShapeError,
     UnsupportedDeviceError,
+    WrongDeviceError,
 )
 from . import kernel_cache as _kernel_cache
 from . import kernels, tensormap
@@ -426,7 +427,7 @@ class Runtime:
                     f"__cuda_array_interface__), found {type(obj).__name__}"
                 )
         if arr.device.id != self.ordinal:
-            raise ShapeError(
+            raise WrongDeviceError(
                 f"{name}: lives on device {arr.device.id}, engine uses device {self.ordinal}"
             )
         return arr
@@ -446,7 +447,9 @@ class Runtime:
                 f"{name}: a DLPack array on device type {dev_type} (not CUDA); pass a device array"
             )
         if dev_id != self.ordinal:
-            raise ShapeError(f"{name}: lives on device {dev_id}, engine uses device {self.ordinal}")
+            raise WrongDeviceError(
+                f"{name}: lives on device {dev_id}, engine uses device {self.ordinal}"
+            )
         with self.device, self.stream:  # CuPy hands the producer its current stream: ours
             try:
                 return cp.from_dlpack(obj)
