@@ -1,7 +1,8 @@
 """Helpers for checking a drafter against the reference: tolerances, the error measure, random
 inputs, and a reference drafter holding exactly the weights the GPU multiplies by.
 
-Used by the test suite, `tools/load_check.py` and the examples; importing it needs NumPy only.
+Used by the test suite, the check command (pydflash.check) and the examples; importing it needs
+NumPy only.
 """
 
 from __future__ import annotations

@@ -55,6 +55,22 @@ def test_load_checks_precision_and_checkpoint_before_the_engine(tmp_path):
         DflashDraft.load("engine", ckpt, "bf16")
 
 
+def test_load_takes_an_opened_checkpoint(tmp_path, monkeypatch):
+    """A Checkpoint already open is used as it is (its headers are not parsed again); any
+    other object than a path or a Checkpoint is refused, naming the argument."""
+    from pydflash import Checkpoint
+
+    ckpt = Checkpoint.open(make_checkpoint(tmp_path / "c", "tiny"))
+    real_open = Checkpoint.open
+    monkeypatch.setattr(Checkpoint, "open", None)  # a second open would fail loudly
+    with pytest.raises(ShapeError, match="e: expected an Engine"):
+        DflashDraft.load(None, ckpt, "bf16")
+    monkeypatch.setattr(Checkpoint, "open", real_open)
+    for bad in (None, 3, [str(tmp_path)]):
+        with pytest.raises(CheckpointError, match="expected a path, found"):
+            DflashDraft.load(None, bad, "bf16")
+
+
 @pytest.mark.parametrize("cap", [-1, True, 2.5, "8"])
 def test_kv_capacity_must_be_a_count(cap):
     with pytest.raises(CapacityError, match="cap must be a non-negative integer"):

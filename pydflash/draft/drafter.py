@@ -128,19 +128,19 @@ class DflashDraft:
     def load(
         cls,
         e: Engine,
-        dir: str | Path,
+        dir: str | Path | Checkpoint,
         precision: str = "bf16",
         *,
         cuda_graphs: bool = True,
         policy: linear.Policy = linear.DEFAULT,
         progress: Callable[[str], None] | None = to_stderr,
     ) -> DflashDraft:
-        """Load a checkpoint directory, validated in full (config, tensors, the supported
-        envelope) before any GPU memory is touched; a DFlash2 checkpoint is refused there with
-        a GeometryError (its GPU path is not written yet: pydflash.reference.ReferenceDraft
-        runs it). cuda_graphs: replay rounds, proposals and commits as captured CUDA graphs
-        (False: plain launches). policy: kernel choices to force (pydflash.linear.Policy;
-        benchmarks), the dispatch table's by default.
+        """Load a checkpoint directory, or a Checkpoint already open (not parsed again), validated
+        in full (config, tensors, the supported envelope) before any GPU memory is touched; a
+        DFlash2 checkpoint is refused there with a GeometryError (its GPU path is not written yet:
+        pydflash.reference.ReferenceDraft runs it). cuda_graphs: replay rounds, proposals and
+        commits as captured CUDA graphs (False: plain launches). policy: kernel choices to force
+        (pydflash.linear.Policy; benchmarks), the dispatch table's by default.
 
         The kernel families the drafter may launch are compiled here, in parallel, or read
         from the engine's kernel cache (Engine(kernel_cache=...)): its first call compiles
@@ -152,7 +152,7 @@ class DflashDraft:
             raise ArgumentError(f"policy: expected a pydflash.linear.Policy, found {policy!r}")
         if precision not in PRECISIONS:
             raise ArgumentError(f"precision must be one of {PRECISIONS}, found {precision!r}")
-        ckpt = Checkpoint.open(dir)
+        ckpt = dir if isinstance(dir, Checkpoint) else Checkpoint.open(dir)  # validated on opening
         check_geometry(ckpt.cfg, str(ckpt.path))
         checks.require_runtime(e)
         attention.check_fits(e, ckpt.cfg.head_dim)
