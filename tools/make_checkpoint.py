@@ -15,6 +15,19 @@ random values at realistic scales: 2-D weights uniform with std 1/sqrt(in_featur
 weight's scale. Every tensor has its own generator seeded from
 (seed, crc32(name)), so its values depend only on the seed and its name (not on the sharding or
 on which other tensors exist) and the same arguments always give identical bytes.
+
+The folder is the tool's own when it holds ``.make_checkpoint.json``, a marker the tool writes
+there (before any other file, so an interrupted run still leaves it) listing the names of the
+files it wrote. Writing into a folder that holds anything else (a file the marker does not
+list, a folder, or no marker at all beside other files) is refused, naming the folder and those
+files, unless ``--force`` (``force=True``) is given; even then only the files this run writes
+are replaced and only files the marker lists are deleted: nothing else there is touched.
+
+Before anything is generated (or the folder made) the plan's bytes are computed and refused
+when they exceed the target's free disk space (shutil.disk_usage, counting what the run would
+replace as free) or 90% of the host memory available (MemAvailable, within a cgroup's limit):
+each shard's tensors are generated and held together before the shard is written, so the need
+is the largest shard's bytes; more ``--shards`` lower it, down to the largest tensor.
 """
 
 from __future__ import annotations
@@ -25,7 +38,10 @@ import json
 import math
 import os
 import pathlib
+import re
 import reprlib
+import shutil
+import stat
 import sys
 import time
 import zlib
@@ -994,6 +1010,107 @@ def _split(sizes: list[int], n: int) -> list[int]:
     return starts
 
 
+# ----------------------------------------------------------------------------- the folder
+
+MARKER = ".make_checkpoint.json"  # the names this tool wrote into a folder (module docstring)
+# Every name the tool ever writes; a marker naming anything else is not believed (a hand-made
+# or corrupt marker cannot make the tool delete a file outside its own namespace).
+_TOOL_NAME = re.compile(
+    r"config\.json(\.tmp)?|model\.safetensors(\.index\.json)?|model-\d{5,}-of-\d{5,}\.safetensors"
+    r"|mask_embedding\.pt|\.make_checkpoint\.json(\.tmp)?"
+)
+_MEMORY_SHARE = 0.9  # of the memory available: the rest is the page cache the writes fill
+
+
+def _listed_in_marker(out: pathlib.Path) -> set[str]:
+    """The names the marker in `out` says the tool wrote (empty without a readable marker)."""
+    try:
+        if not stat.S_ISREG(os.lstat(out / MARKER).st_mode):  # a FIFO would block the read
+            return set()
+        with open(out / MARKER, "rb") as f:
+            raw = json.loads(f.read(1 << 20))  # a marker names a few files
+    except (OSError, ValueError):  # absent, not UTF-8 / JSON (or cut by the bound)
+        return set()
+    files = raw.get("files") if isinstance(raw, dict) else None
+    if not isinstance(files, list):
+        return set()
+    return {f for f in files if isinstance(f, str) and _TOOL_NAME.fullmatch(f)}
+
+
+def _write_marker(out: pathlib.Path, names) -> None:
+    tmp = out / (MARKER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"written_by": "tools/make_checkpoint.py", "files": sorted(names)}, f)
+        f.write("\n")
+    os.replace(tmp, out / MARKER)  # whole or absent
+
+
+def _short_list(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _survey(out: pathlib.Path) -> tuple[dict[str, os.stat_result], list[str]]:
+    """(the tool's files in `out`: name -> lstat, the names of everything else there). A file is
+    the tool's when the marker lists it, or it is the marker itself; a folder never is."""
+    try:
+        names = sorted(os.listdir(out))
+    except FileNotFoundError:
+        return {}, []
+    except NotADirectoryError:
+        raise ValueError(f"{out}: exists and is not a folder") from None
+    listed = _listed_in_marker(out) | {MARKER, MARKER + ".tmp"}
+    own: dict[str, os.stat_result] = {}
+    foreign: list[str] = []
+    for name in names:
+        st = os.lstat(out / name)
+        if name in listed and not stat.S_ISDIR(st.st_mode):
+            own[name] = st
+        else:
+            foreign.append(name)
+    return own, foreign
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.3f} GB ({n} bytes)"
+
+
+def _free_disk_bytes(out: pathlib.Path) -> int:
+    """Free bytes (for this user) on the filesystem that holds or will hold `out`."""
+    p = out.absolute()
+    while not os.path.lexists(p) and p != p.parent:  # not made yet: its nearest ancestor
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def _available_memory_bytes() -> int | None:
+    """Host memory that can be allocated without swapping: MemAvailable, within the cgroup's
+    limit (a container's MemAvailable is the host's); the physical memory where /proc is
+    absent; None when nothing says (then no memory limit applies)."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, OSError, ValueError):
+            return None
+    try:  # cgroup v2: the limit less what the group already uses
+        limit = pathlib.Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(pathlib.Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            avail = min(avail, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
 def _write(
     out_dir,
     preset="tiny",
@@ -1011,6 +1128,7 @@ def _write(
     overrides=None,
     extra_tensors=None,
     drop_tensors=None,
+    force=False,
 ):
     cfg, plan = checkpoint_plan(
         preset,
@@ -1027,7 +1145,8 @@ def _write(
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
 
-    # entries: (name, nbytes, producer)
+    # entries: (name, nbytes, producer); cost: (bytes it holds once made, bytes more it needs
+    # while being made), for the host-memory check (nothing is generated before it)
     extra = {k: np.ascontiguousarray(v) for k, v in (extra_tensors or {}).items()}
     drop = set(drop_tensors or ())
     names = [p[0] for p in plan]
@@ -1035,23 +1154,30 @@ def _write(
     if unknown_drop:
         raise ValueError(f"drop_tensors names no planned tensor: {unknown_drop}")
     entries = []
+    cost: list[tuple[int, int]] = []
     for name, shape, kind in plan:
         if name in drop:
             continue
         if name in extra:  # replaced (e.g. a deliberately misshapen tensor)
             arr = extra[name]
             entries.append((name, arr.nbytes, (lambda a=arr: a)))
+            cost.append((0, 0))  # already in memory
         elif kind == "d2t":
-            d2t = _d2t(seed, shape[0], int(cfg["vocab_size"]))
-            entries.append((name, d2t.nbytes, (lambda a=d2t: a)))
+            vocab = int(cfg["vocab_size"])
+            entries.append((name, 8 * shape[0], (lambda d=shape[0], v=vocab: _d2t(seed, d, v))))
+            cost.append((8 * shape[0], 8 * vocab + 16 * shape[0]))  # choice() permutes vocab
         else:
             nbytes = int(math.prod(shape)) * 2
             entries.append(
                 (name, nbytes, (lambda n=name, s=shape, k=kind: _generate(seed, n, s, k)))
             )
+            # two 4-byte chunk buffers beside the bf16 result; conv_base converts all of it
+            chunks = 8 * min(nbytes // 2, _CHUNK)
+            cost.append((nbytes, 10 * nbytes if kind == "conv_base" else chunks))
     for name, arr in extra.items():
         if name not in names and name not in drop:
             entries.append((name, arr.nbytes, (lambda a=arr: a)))
+            cost.append((0, 0))
 
     if not _is_int(shards) or shards < 1:
         raise ValueError(f"shards must be an integer >= 1, got {shards!r}")
@@ -1061,14 +1187,79 @@ def _write(
     if shards > len(entries):
         raise ValueError(f"shards={shards} exceeds the number of tensors ({len(entries)})")
 
+    # ---- what will be written, checked before anything is made
+    starts = (_split([e[1] for e in entries], shards) if shards > 1 else [0]) + [len(entries)]
+    files = (
+        ["model.safetensors"]
+        if shards == 1
+        else [f"model-{j + 1:05d}-of-{shards:05d}.safetensors" for j in range(shards)]
+    )
+    mask_kind = _geometry_of(cfg, preset, overrides)["mask_embedding"]
+    writes = {*files, "config.json", "config.json.tmp", MARKER, MARKER + ".tmp"}
+    if shards > 1:
+        writes.add("model.safetensors.index.json")
+    if mask_kind is not None:
+        writes.add("mask_embedding.pt")
+
     out = pathlib.Path(out_dir)
+    own, foreign = _survey(out)
+    if foreign and not force:
+        raise ValueError(
+            f"{out}: holds {len(foreign)} file(s) this tool did not write "
+            f"({_short_list(foreign)}; its own are those its {MARKER} lists): refused; use a "
+            "new or empty folder, or --force (force=True) to replace only the files it writes"
+        )
+    forced = [name for name in foreign if name in writes]  # someone else's, replaced (--force)
+    for name in forced:
+        if stat.S_ISDIR(os.lstat(out / name).st_mode):
+            raise ValueError(f"{out / name}: is a folder where the checkpoint writes a file")
+
+    block = cfg.get("block_size") or cfg.get("dflash_config", {}).get("block_size")
+    # mask_embedding.pt: at most block rows of float64 normals and their float32 copy
+    mask_bytes = 12 * int(cfg["hidden_size"]) * int(block) if mask_kind else 0
+    disk_need = total + 256 * len(entries) + mask_bytes + (1 << 20)  # + headers, config, index
+    # what the run deletes or overwrites frees its space (a hard-linked file frees none)
+    freed = sum(st.st_size for st in own.values() if stat.S_ISREG(st.st_mode) and st.st_nlink == 1)
+    for name in forced:
+        st = os.lstat(out / name)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            freed += st.st_size
+    free = _free_disk_bytes(out) + freed
+    if disk_need > free:
+        raise ValueError(
+            f"{out}: the plan needs {_gb(disk_need)} of disk, the filesystem has {_gb(free)} "
+            f"free ({len(entries)} tensors)"
+        )
+    mem_need, mem_file = mask_bytes, "mask_embedding.pt"
+    for j, fname in enumerate(files):
+        group = cost[starts[j] : starts[j + 1]]
+        need = sum(c[0] for c in group) + max(c[1] for c in group)
+        if need > mem_need:
+            mem_need, mem_file = need, fname
+    avail = _available_memory_bytes()
+    if avail is not None and mem_need > _MEMORY_SHARE * avail:
+        big = max(range(len(entries)), key=lambda i: sum(cost[i]))
+        hint = (
+            f"more --shards lower it, down to its largest tensor, {entries[big][0]}"
+            if sum(cost[big]) <= _MEMORY_SHARE * avail
+            else f"its largest tensor alone, {entries[big][0]}, needs {_gb(sum(cost[big]))}"
+        )
+        raise ValueError(
+            f"{out}: the plan needs {_gb(mem_need)} of host memory at once (the tensors of "
+            f"{mem_file}, made together), more than {_MEMORY_SHARE:.0%} of the {_gb(avail)} "
+            f"available; {hint}"
+        )
+
     out.mkdir(parents=True, exist_ok=True)
+    # the marker first (naming what is there now and what will be), so that a run cut short
+    # leaves a folder the next run knows as its own
+    _write_marker(out, set(own) | writes)
     # config.json goes last: a reader that finds it (tools/gpu_suite.sh's shared presets, read
-    # by parallel pytest processes) finds the weights complete
-    stale = [out / "config.json", out / "model.safetensors.index.json", out / "mask_embedding.pt"]
-    for old in list(out.glob("model*.safetensors")) + stale:
-        if old.is_file():
-            old.unlink()
+    # by parallel pytest processes) finds the weights complete. Old files are unlinked, not
+    # overwritten: writing through a symlink (a Hugging Face cache) would change its target.
+    for name in ["config.json", *sorted((set(own) | set(forced)) - {"config.json", MARKER})]:
+        if os.path.lexists(out / name):
+            os.unlink(out / name)
 
     meta = {"format": "pt"}
     if shards == 1:
@@ -1076,10 +1267,9 @@ def _write(
         save_file(tensors, str(out / "model.safetensors"), metadata=meta)
         del tensors
     else:
-        starts = _split([e[1] for e in entries], shards) + [len(entries)]
         weight_map = {}
         for j in range(shards):
-            fname = f"model-{j + 1:05d}-of-{shards:05d}.safetensors"
+            fname = files[j]
             group = entries[starts[j] : starts[j + 1]]
             tensors = {name: make() for name, _, make in group}
             save_file(tensors, str(out / fname), metadata=meta)
@@ -1093,7 +1283,6 @@ def _write(
         with open(out / "model.safetensors.index.json", "w") as f:
             json.dump(index, f, indent=2)
             f.write("\n")
-    mask_kind = _geometry_of(cfg, preset, overrides)["mask_embedding"]
     if mask_kind is not None:
         b = int(cfg.get("block_size") or cfg["dflash_config"]["block_size"])
         mask_id = cfg.get("mask_token_id", cfg.get("dflash_config", {}).get("mask_token_id"))
@@ -1103,7 +1292,8 @@ def _write(
         json.dump(cfg, f, indent=2)
         f.write("\n")
     os.replace(out / "config.json.tmp", out / "config.json")  # whole or absent
-    return out, len(entries), total
+    _write_marker(out, writes - {"config.json.tmp", MARKER, MARKER + ".tmp"})
+    return out, len(entries), total, [n for n in foreign if n not in writes]
 
 
 def make_checkpoint(
@@ -1123,6 +1313,7 @@ def make_checkpoint(
     overrides=None,
     extra_tensors=None,
     drop_tensors=None,
+    force=False,
 ) -> pathlib.Path:
     """Write a random drafter checkpoint to ``out_dir`` and return its path.
 
@@ -1136,8 +1327,11 @@ def make_checkpoint(
     rope_style: "top", "rope_parameters" or "rope_scaling". overrides: geometry keys of the preset
     to change. extra_tensors: name -> array written as given (a name that is also generated
     replaces the generated tensor). drop_tensors: names of generated tensors to leave out.
+    force: write into a folder that holds files this tool did not write (replacing only the
+    files it writes; ValueError naming them otherwise). ValueError too when the plan needs more
+    disk or host memory than there is (module docstring).
     """
-    path, _, _ = _write(
+    path, _, _, _ = _write(
         out_dir,
         preset,
         shards=shards,
@@ -1153,6 +1347,7 @@ def make_checkpoint(
         overrides=overrides,
         extra_tensors=extra_tensors,
         drop_tensors=drop_tensors,
+        force=force,
     )
     return path
 
@@ -1174,6 +1369,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-head-dim", action="store_true", help="omit head_dim from config.json")
     ap.add_argument("--rope-style", choices=_ROPE_STYLES, default="top")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a folder holding files this tool did not write (only its own files "
+        "are replaced; nothing else there is touched)",
+    )
     ap.add_argument(
         "--override",
         action="append",
@@ -1197,7 +1398,7 @@ def main(argv=None) -> int:
             overrides[key] = val
     t0 = time.perf_counter()
     try:
-        path, count, total = _write(
+        path, count, total, left = _write(
             a.out_dir,
             a.preset,
             shards=a.shards,
@@ -1211,6 +1412,7 @@ def main(argv=None) -> int:
             rope_style=a.rope_style,
             seed=a.seed,
             overrides=overrides or None,
+            force=a.force,
         )
     except (ValueError, OSError) as exc:  # a refused argument, or the disk
         msg = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
@@ -1218,6 +1420,13 @@ def main(argv=None) -> int:
         print(f"make_checkpoint: {a.out_dir}: checkpoint not written (1 problem)", file=sys.stderr)
         return 1
     dt = time.perf_counter() - t0
+    stray = [n for n in left if _TOOL_NAME.fullmatch(n)]
+    if stray:  # --force kept them, but a reader of the folder may take them for the checkpoint's
+        print(
+            f"make_checkpoint: warning: {path}: left in place, not written by this tool: "
+            f"{_short_list(stray)}",
+            file=sys.stderr,
+        )
     print(f"{path}: {count} tensors, {total} bytes ({total / 1e9:.3f} GB) in {dt:.2f} s")
     return 0
 

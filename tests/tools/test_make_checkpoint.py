@@ -4,6 +4,8 @@ import json
 import math
 import subprocess
 import sys
+import time
+import tracemalloc
 from pathlib import Path
 
 import ml_dtypes
@@ -15,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # so plain `pytest` from anywhere finds tools/
     sys.path.insert(0, str(REPO))
 
-from tools.make_checkpoint import PRESETS, checkpoint_plan, make_checkpoint, to_bf16
+import tools.make_checkpoint as mc
+from tools.make_checkpoint import MARKER, PRESETS, checkpoint_plan, make_checkpoint, to_bf16
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -299,7 +302,152 @@ def test_sharded(tmp_path, shards):
 def test_rewrite_removes_stale_shards(tmp_path):
     make_checkpoint(tmp_path / "c", "tiny", shards=3)
     p = make_checkpoint(tmp_path / "c", "tiny")
-    assert sorted(x.name for x in p.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(x.name for x in p.iterdir()) == [MARKER, "config.json", "model.safetensors"]
+    assert json.loads((p / MARKER).read_text())["files"] == ["config.json", "model.safetensors"]
+
+
+# ----------------------------------------------------------------------------- the folder
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "tools/make_checkpoint.py", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_users_files_survive(tmp_path):
+    """The review's case: a folder holding someone's model*.safetensors is refused, untouched."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"the user's weights")
+    (out / "model-00001-of-00002.safetensors").write_bytes(b"a user's shard")
+    (out / "notes.txt").write_text("notes")
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    with pytest.raises(ValueError, match="this tool did not write") as ei:
+        make_checkpoint(out, "tiny")
+    for name in before:
+        assert repr(name) in str(ei.value)
+    r = _cli(out)
+    assert r.returncode == 1 and r.stdout == ""
+    (line, summary) = r.stderr.splitlines()  # the error, then the tools' usual summary line
+    assert summary == f"make_checkpoint: {out}: checkpoint not written (1 problem)"
+    assert line.startswith(f"make_checkpoint: error: {out}: holds 3 file(s) this tool did not")
+    assert str(out) in r.stderr and "'notes.txt'" in r.stderr and "--force" in r.stderr
+    assert "'model.safetensors'" in r.stderr
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # no marker either
+    # a marker of the user's making names only the tool's files: it cannot claim notes.txt
+    (out / MARKER).write_text(json.dumps({"files": ["notes.txt", "../outside.txt"]}))
+    with pytest.raises(ValueError, match="'notes.txt'"):
+        make_checkpoint(out, "tiny")
+    assert (out / "notes.txt").read_text() == "notes"
+
+
+def test_force_replaces_only_the_tools_files(tmp_path):
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"the user's weights")  # a name the tool writes
+    (out / "model-00001-of-00003.safetensors").write_bytes(b"a user's shard")  # one it does not
+    (out / "notes.txt").write_text("notes")
+    elsewhere = tmp_path / "blob"
+    elsewhere.write_text("a cache blob")
+    (out / "config.json").symlink_to(elsewhere)  # replaced by a file, its target untouched
+    r = _cli(out, "--force")
+    assert r.returncode == 0, r.stderr
+    assert "left in place" in r.stderr and "model-00001-of-00003.safetensors" in r.stderr
+    assert (out / "notes.txt").read_text() == "notes"
+    assert (out / "model-00001-of-00003.safetensors").read_bytes() == b"a user's shard"
+    assert elsewhere.read_text() == "a cache blob" and not (out / "config.json").is_symlink()
+    assert set(load_dir(out)) == set(expected_shapes(PRESETS["tiny"]))
+    assert json.loads((out / MARKER).read_text())["files"] == ["config.json", "model.safetensors"]
+    # its own files are replaced and removed again, the others never
+    make_checkpoint(out, "tiny", shards=2, force=True)
+    assert not (out / "model.safetensors").exists()
+    make_checkpoint(out, "tiny", force=True)
+    assert sorted(f.name for f in out.iterdir()) == [
+        MARKER,
+        "config.json",
+        "model-00001-of-00003.safetensors",
+        "model.safetensors",
+        "notes.txt",
+    ]
+    assert (out / "model-00001-of-00003.safetensors").read_bytes() == b"a user's shard"
+    # with nothing else there, no --force is needed to write again
+    (out / "notes.txt").unlink()
+    (out / "model-00001-of-00003.safetensors").unlink()
+    make_checkpoint(out, "tiny", shards=2)
+    assert not (out / "model.safetensors").exists()
+
+
+def test_an_interrupted_run_leaves_a_folder_it_knows(tmp_path, monkeypatch):
+    out = tmp_path / "c"
+
+    def disk_full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mc, "write_torch_file", disk_full)
+    with pytest.raises(OSError):
+        make_checkpoint(out, "tiny", overrides={"mask_embedding": "row"})
+    assert (out / "model.safetensors").exists() and not (out / "config.json").exists()
+    monkeypatch.undo()
+    make_checkpoint(out, "tiny", overrides={"mask_embedding": "row"})  # no --force needed
+    assert (out / "config.json").exists() and (out / "mask_embedding.pt").exists()
+
+
+HUGE = ["--override", "hidden=65536", "--override", "n_ff=1048576"]  # an ~850 GB plan
+
+
+def _refused_fast(out, capsys):
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        rc = mc.main([str(out), *HUGE])
+        dt = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    err, summary = capsys.readouterr().err.splitlines()
+    assert rc == 1 and summary.endswith("checkpoint not written (1 problem)"), err
+    assert dt < 0.5 and peak < 16 << 20, (dt, peak)  # nothing generated
+    assert not out.exists()
+    return err
+
+
+def test_a_plan_larger_than_the_machine_is_refused_fast(tmp_path, capsys, monkeypatch):
+    err = _refused_fast(tmp_path / "huge", capsys)  # this machine's disk and memory
+    assert "the plan needs 850.45" in err and str(tmp_path / "huge") in err
+    # the disk: free bytes named beside the need
+    monkeypatch.setattr(mc, "_free_disk_bytes", lambda out: 10**11)
+    err = _refused_fast(tmp_path / "huge", capsys)
+    assert "the plan needs 850.456 GB (850455697792 bytes) of disk" in err
+    assert "of disk, the filesystem has 100.000 GB (100000000000 bytes) free" in err
+    # the memory: all of one shard's tensors are held together before the shard is written
+    monkeypatch.setattr(mc, "_free_disk_bytes", lambda out: 10**13)
+    monkeypatch.setattr(mc, "_available_memory_bytes", lambda: 64 << 30)
+    err = _refused_fast(tmp_path / "huge", capsys)
+    assert "the plan needs 850.457 GB (850456739968 bytes) of host memory at once" in err
+    assert "model.safetensors" in err and "its largest tensor alone" in err
+    assert "layers.0.mlp.gate_proj.weight, needs 137.4" in err
+    # a need under the limit writes (the tiny preset under a 1 GB limit)
+    monkeypatch.setattr(mc, "_available_memory_bytes", lambda: 10**9)
+    make_checkpoint(tmp_path / "tiny", "tiny")
+    monkeypatch.setattr(mc, "_available_memory_bytes", lambda: 200_000)
+    with pytest.raises(ValueError, match=r"host memory at once.*more --shards lower it"):
+        make_checkpoint(tmp_path / "tiny2", "tiny")
+    assert not (tmp_path / "tiny2").exists()
+
+
+def test_replaced_files_count_as_free_disk(tmp_path, monkeypatch):
+    p = make_checkpoint(tmp_path / "c", "tiny")
+    size = sum(f.stat().st_size for f in p.iterdir())
+    monkeypatch.setattr(mc, "_free_disk_bytes", lambda out: (1 << 20) + 8192)
+    make_checkpoint(p, "tiny")  # the old checkpoint's bytes are freed first
+    with pytest.raises(ValueError, match="of disk, the filesystem has"):
+        make_checkpoint(tmp_path / "d", "tiny")
+    assert size > 100_000
 
 
 # ----------------------------------------------------------------------------- values
