@@ -1,6 +1,7 @@
 """Argument checks shared by the entry points of the GPU classes and the NumPy reference, so
 both refuse the same arguments with the same errors: each raises a ShapeError (CapacityError
-for KV capacity and length) naming the argument, before anything is written. Host-side checks
+for KV capacity and length; ArgumentError for a value out of its domain, in the checks of the
+NumPy oracles' arguments) naming the argument, before anything is written. Host-side checks
 need NumPy only; the device-array checks take the runtime that will use the array.
 
 Row inputs ([rows, cols] activations): exactly rows*cols values, given as [rows, cols], flat,
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import ml_dtypes
 import numpy as np
 
-from .errors import CapacityError, ShapeError
+from . import philox
+from .errors import ArgumentError, CapacityError, ShapeError
 from .io.jsonio import brief
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,10 +121,11 @@ def host_int32(values: Any, name: str) -> np.ndarray:
     if a.dtype.kind not in "iu" and a.size:
         raise ShapeError(f"{name}: expected integers, found dtype {a.dtype}")
     a = a.reshape(-1)
-    if a.size:
-        lo, hi = a.min(), a.max()  # compared in their own dtype: uint64 does not wrap
-        if lo < 0 or hi > INT32_MAX:
-            raise ShapeError(f"{name}: values must lie in [0, 2^31), found [{lo}, {hi}]")
+    if not a.size:  # no ids, of any dtype (np.asarray([]) is float64): nothing to convert
+        return np.zeros(0, np.int32)
+    lo, hi = a.min(), a.max()  # compared in their own dtype: uint64 does not wrap
+    if lo < 0 or hi > INT32_MAX:
+        raise ShapeError(f"{name}: values must lie in [0, 2^31), found [{lo}, {hi}]")
     return a.astype(np.int32)
 
 
@@ -157,14 +160,33 @@ def host_rows(
         raise ShapeError(f"{name}: expected real floats, found dtype {a.dtype}")
     if not rows_shape_ok(a.shape, rows, cols):
         raise _rows_error(name, rows, cols, a.shape, "float")
-    try:
-        with np.errstate(over="raise", invalid="ignore"):  # NaN stays NaN; 1e300 -> inf is refused
-            out = a.astype(dtype, copy=False).reshape(rows, cols)
-    except FloatingPointError:
-        raise ShapeError(f"{name}: values overflow {np.dtype(dtype)}") from None
+    out = _as_float(a, name, dtype).reshape(rows, cols)
     if finite:
         all_finite(out, name)
     return out
+
+
+def _as_float(a: np.ndarray, name: str, dtype: Any) -> np.ndarray:
+    """a (real floats) in `dtype`; a value that overflows it is refused (1e300 -> inf in
+    float32), NaN stays NaN."""
+    try:
+        with np.errstate(over="raise", invalid="ignore"):
+            return a.astype(dtype, copy=False)
+    except FloatingPointError:
+        raise ShapeError(f"{name}: values overflow {np.dtype(dtype)}") from None
+
+
+def host_vector(
+    values: Any, name: str, n: int | None = None, dtype: Any = np.float64
+) -> np.ndarray:
+    """Host real floats of any shape, flattened (n of them when n is given) -> `dtype`: the
+    rule of the GPU's vectors (f32_vector)."""
+    a = host_array(values, name)
+    if not is_real_float(a.dtype):
+        raise ShapeError(f"{name}: expected real floats, found dtype {a.dtype}")
+    if n is not None and a.size != n:
+        raise ShapeError(f"{name}: expected {n} values, found {a.size}")
+    return _as_float(a, name, dtype).reshape(-1)
 
 
 def host_matrix(obj: Any, name: str, cols: int, dtype: Any) -> np.ndarray:
@@ -219,6 +241,103 @@ def logit_softcap(value: Any, name: str = "logit_softcap") -> float | None:
             f"{name} must be a finite number > 0 (a float32 normal), found {brief(value)}"
         )
     return c
+
+
+# -- the NumPy oracles' host arguments (pydflash.speculative, the reference's uniforms) -----------
+# Values out of their domain are ArgumentErrors naming the argument and the first entry at
+# fault; shapes, dtypes and lengths stay ShapeErrors (the rules above).
+SUM_TOL = 2.0**-20  # |row sum - 1| a normalised float32 row may show, per entry of the row
+
+
+def count_at_most(value: Any, name: str, most: int) -> int:
+    """An integer count in [0, most] (bool and floats refused): the bound keeps a host call's
+    work finite, so a huge count is refused rather than allocated."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentError(
+            f"{name}: expected an integer count in [0, {most}], found {brief(value)}"
+        )
+    if not 0 <= value <= most:
+        raise ArgumentError(f"{name}: {brief(value)} outside [0, {most}]")
+    return int(value)
+
+
+def threshold(value: Any, name: str = "threshold") -> float:
+    """A stop rule's threshold: a real number (not a bool) finite in float32, the type the
+    kernel compares in (verify.prefix_below); NaN would silently mean "no cut" and inf "cut
+    everything"."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise ArgumentError(f"{name} must be a number, found {brief(value)}")
+    try:
+        t = float(value)
+    except OverflowError:  # an int past float64
+        t = math.inf
+    if not abs(t) <= float(_F32.max):  # a Python float: NumPy's float32 compare would warn
+        raise ArgumentError(f"{name} must be finite (in float32), found {brief(value)}")
+    return t
+
+
+def _refuse_first(a: np.ndarray, bad: np.ndarray, name: str, rule: str) -> None:
+    where = [int(i) for i in np.unravel_index(int(np.argmax(bad)), a.shape)]
+    # the scalar's str: the shortest digits of its own dtype (float32 -0.33333334)
+    raise ArgumentError(f"{name}: {rule}, found {str(a[tuple(where)])} at {where}")
+
+
+def finite_values(a: np.ndarray, name: str) -> None:
+    """An ArgumentError naming the first non-finite entry of a (real floats)."""
+    ok = np.isfinite(a)
+    if not ok.all():
+        _refuse_first(a, ~ok, name, "values must be finite")
+
+
+def within(a: np.ndarray, name: str, lo: float, hi: float, *, open_lo: bool, open_hi: bool) -> None:
+    """An ArgumentError naming the first entry of a (real floats, as the math will use them:
+    checked after any conversion) outside the interval; NaN lies in none."""
+    ok = (a > lo if open_lo else a >= lo) & (a < hi if open_hi else a <= hi)
+    if not ok.all():
+        interval = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
+        _refuse_first(a, ~ok, name, f"values must lie in {interval} as {a.dtype}")
+
+
+def probability_rows(
+    values: Any, name: str, rows: int, cols: int, *, normalised: bool = False
+) -> np.ndarray:
+    """Host distributions [rows, cols] (the row-shape rule) -> float32, the kernels' type:
+    finite and >= 0 (NaN and negative entries are no probabilities; the kernel's
+    max(0, p - q) would quietly drop them); with `normalised`, each row sums to 1 within
+    float32 rounding. GPU verification does not need normalised rows (its Gumbel-max draw
+    normalises), so the oracles that mirror it leave `normalised` off."""
+    a = host_rows(values, name, rows, cols, np.float32)
+    ok = np.isfinite(a) & (a >= 0)
+    if not ok.all():
+        _refuse_first(a, ~ok, name, "probabilities must be finite and >= 0")
+    if normalised and a.size:
+        sums = a.sum(axis=1, dtype=np.float64)
+        off = np.abs(sums - 1) > SUM_TOL * max(1, cols)
+        if off.any():
+            i = int(np.argmax(off))
+            raise ArgumentError(f"{name}: row {i} sums to {sums[i]:.6g}, not 1")
+    return a
+
+
+def uniforms_or_seed(given: bool, seed: Any, offset: Any, names: str) -> tuple[int | None, int]:
+    """(seed or None, offset), each checked as a Philox seed / offset. Given uniforms
+    (`given`: the arguments `names`) replace the Philox draw of (seed, offset): a call with
+    both would silently ignore one, so it is refused."""
+    offset = philox.check_seed(offset, "offset")
+    seed = None if seed is None else philox.check_seed(seed, "seed")
+    if given and seed is not None:
+        raise ArgumentError(
+            f"seed: given with {names}, which replace the Philox draw of (seed, offset); "
+            "give one or the other"
+        )
+    if given and offset:
+        raise ArgumentError(
+            f"offset: {offset} given with {names}, which replace the Philox draw of (seed, "
+            "offset); give one or the other"
+        )
+    return seed, offset
 
 
 # -- KV caches (DflashKv and ReferenceKv alike) ------------------------------------------------

@@ -36,12 +36,18 @@ MAX_COLS = 1 << 24  # columns a stream row draws (a vocabulary: 16.7 M ids)
 MAX_DRAWS = 1 << 26  # uniforms one host call makes (256 MiB of float32)
 
 
+def _shown(value: int | np.integer) -> str:
+    """An integer for a message; a huge one by its size (str() past 4300 digits raises)."""
+    v = int(value)
+    return str(v) if v.bit_length() <= 128 else f"<an integer of {v.bit_length()} bits>"
+
+
 def _integer(value: object, name: str, lo: int, hi: int) -> int:
     """An integer (Python or NumPy, not bool) in [lo, hi]."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ArgumentError(f"{name}: expected an integer in [{lo}, {hi}], found {value!r}")
     if not lo <= int(value) <= hi:
-        raise ArgumentError(f"{name}: {value} outside [{lo}, {hi}]")
+        raise ArgumentError(f"{name}: {_shown(value)} outside [{lo}, {hi}]")
     return int(value)
 
 
@@ -92,7 +98,7 @@ def check_seed(value: object, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ArgumentError(f"{name}: expected an integer in [0, 2^64), found {value!r}")
     if not 0 <= int(value) <= _U64_MAX:
-        raise ArgumentError(f"{name}: {value} outside [0, 2^64)")
+        raise ArgumentError(f"{name}: {_shown(value)} outside [0, 2^64)")
     return int(value)
 
 

@@ -20,12 +20,11 @@ as an int32 [1]; `Verdict.host()` reads one back.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import checks, philox
+from . import checks
 from .errors import ArgumentError, ShapeError
 from .ops import verify as ops_verify
 
@@ -89,8 +88,11 @@ def speculative_accept(
     """Speculative-sampling verification (module docstring): draft tokens [n], the draft
     distributions q [n, V] they were drawn from, the target's p [n+1, V] (float32 device
     arrays, or bfloat16 / float16 converted on the device; tokens int32 or int64). Uniforms:
-    Philox at (seed, offset), or u_accept [n] and u_sample [V] given."""
+    Philox at (seed, offset), or u_accept [n] and u_sample [V] given (not both: the oracle's
+    rule, checked on the host before any device work)."""
     checks.require_runtime(e)
+    given = u_accept is not None or u_sample is not None
+    seed, offset = checks.uniforms_or_seed(given, seed, offset, "u_accept and u_sample")
     with e.ordered():
         d = checks.int32_ids(e, draft, "draft")
         n = d.size
@@ -99,7 +101,13 @@ def speculative_accept(
             raise ShapeError(f"p: expected [{n + 1}, V], found shape {list(pa.shape)}")
         vocab = pa.size // (n + 1)
         pm = _f32_matrix(e, pa, "p", n + 1, vocab)
-        qm = _f32_matrix(e, q, "q", n, vocab) if n else pm[:0]
+        if n:
+            qm = _f32_matrix(e, q, "q", n, vocab)
+        else:  # no drafts: q is never read, but must still be the [0, V] the oracle takes
+            qa = e.as_device_array(q, "q")
+            if qa.size:
+                raise ShapeError(f"q: expected [0, {vocab}] (no drafts), found {list(qa.shape)}")
+            qm = pm[:0]
         if (u_accept is None) != (u_sample is None):
             raise ShapeError("u_accept and u_sample: give both or neither")
         if u_accept is not None:
@@ -112,7 +120,7 @@ def speculative_accept(
                     "seed: give a Philox seed (and offset), or u_accept and u_sample"
                 )
             ua = us = None
-            s, o = philox.check_seed(seed, "seed"), philox.check_seed(offset, "offset")
+            s, o = seed, offset  # checked above
         out = e.empty(2, np.int32)
         ops_verify.speculative_accept(
             e, d, qm, pm, n, vocab, out, seed=s, offset=o, u_accept=ua, u_sample=us
@@ -122,16 +130,13 @@ def speculative_accept(
 
 def _stop_rule(e: Runtime, x: Any, name: str, threshold: Any) -> Any:
     checks.require_runtime(e)
-    if isinstance(threshold, (bool, np.bool_)) or not isinstance(
-        threshold, (int, float, np.integer, np.floating)
-    ):
-        raise ArgumentError(f"threshold must be a number, found {threshold!r}")
-    if not math.isfinite(float(threshold)):
-        raise ArgumentError(f"threshold must be finite, found {threshold!r}")
+    # the oracle's check: a number finite in float32, the kernel's type (an int past float64
+    # is refused, not a raw OverflowError)
+    t = checks.threshold(threshold)
     with e.ordered():
         v = checks.f32_vector(e, x, name)
         out = e.empty(1, np.int32)
-        ops_verify.prefix_below(e, v, v.size, float(threshold), out)
+        ops_verify.prefix_below(e, v, v.size, t, out)
         return out
 
 

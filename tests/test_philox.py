@@ -166,3 +166,16 @@ def test_numpy_integers_are_accepted_as_python_ints():
     np.testing.assert_array_equal(a, philox.uniforms(7, 3, 1, 2, 5))
     words = philox.state_words(2**40 + 5, 2**33 + 1)
     assert philox.from_words(words) == (2**40 + 5, 2**33 + 1)
+
+
+def test_huge_integers_are_refused_by_their_size():
+    """A seed, offset or count past Python's int <-> str limit is refused with an
+    ArgumentError, not the ValueError of formatting it (found by the speculative fuzz target)."""
+    huge = 10**5000
+    for call in (
+        lambda: philox.check_seed(huge, "seed"),
+        lambda: philox.uniforms(0, huge, philox.STREAM_DRAFT, 1, 4),
+        lambda: philox.uniforms(0, 0, philox.STREAM_DRAFT, 1, huge),
+    ):
+        with pytest.raises(ArgumentError, match="an integer of 16610 bits"):
+            call()

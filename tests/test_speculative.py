@@ -113,8 +113,10 @@ def test_speculative_accept_hand_cases():
         1,
         1,
     )
-    # a draft id outside the vocabulary is rejected
-    assert speculative.speculative_accept([7, 2], q2, p2, u_accept=[0, 0], u_sample=u_s)[0] == 0
+    # a draft id outside the vocabulary is rejected (uniforms are floats, as on the device)
+    assert speculative.speculative_accept([7, 2], q2, p2, u_accept=[0.0, 0], u_sample=u_s)[0] == 0
+    with pytest.raises(ShapeError, match="u_accept: expected real floats, found dtype int64"):
+        speculative.speculative_accept([7, 2], q2, p2, u_accept=[0, 0], u_sample=u_s)
     # seeded uniforms = the Philox streams ACCEPT / RESIDUAL
     ua, us2 = speculative.verify_uniforms(11, 4, 2, 3)
     np.testing.assert_array_equal(ua, philox.uniforms(11, 4, philox.STREAM_ACCEPT, 1, 2)[0])
@@ -335,3 +337,427 @@ def test_reference_gumbel_draft_feeds_the_chain(refs, name):
     assert greedy.probs is None and (greedy.q == 1).all()
     with pytest.raises(ShapeError, match="uniforms"):
         ref.draft(hidden, lm, last, temperature=1.0, uniforms=u[:1])
+
+
+# -- argument checks: every oracle refuses what the device path refuses, with a pydflash error
+# naming the argument (never a raw ValueError / TypeError, never a silent result) -------------
+NAN, INF = float("nan"), float("inf")
+_Q = np.array([[0.5, 0.5, 0.0]], np.float32)
+_P = np.full((2, 3), 1 / 3, np.float32)
+_US = np.full(3, 0.5, np.float32)
+_CAND, _QC = np.array([[0, 1]]), np.array([[0.5, 0.5]], np.float32)
+S = speculative
+BAD_CALLS = [
+    # greedy_accept: host token ids as the GPU's int32_ids takes them
+    (
+        "greedy-float-nan",
+        lambda: S.greedy_accept([1.0], [1.0, NAN]),
+        ShapeError,
+        "draft: expected integers",
+    ),
+    (
+        "greedy-negative",
+        lambda: S.greedy_accept([-1], [-1, 3]),
+        ShapeError,
+        r"draft: values must lie",
+    ),
+    (
+        "greedy-strings",
+        lambda: S.greedy_accept(["a"], ["a", "b"]),
+        ShapeError,
+        "draft: expected integers",
+    ),
+    (
+        "greedy-huge",
+        lambda: S.greedy_accept([2**70], [2**70, 1]),
+        ShapeError,
+        "draft: expected integers",
+    ),
+    (
+        "greedy-target-float",
+        lambda: S.greedy_accept([1], [1, 2.5]),
+        ShapeError,
+        "target: expected integers",
+    ),
+    (
+        "greedy-ragged",
+        lambda: S.greedy_accept([[1], [1, 2]], [1]),
+        ShapeError,
+        "draft: not an array",
+    ),
+    # the stop rules: a threshold as verify's (a finite number the kernel reads as float32)
+    ("confident-None", lambda: S.confident_prefix_len([0.5], None), ArgumentError, "threshold"),
+    ("confident-nan", lambda: S.confident_prefix_len([0.5], NAN), ArgumentError, "threshold"),
+    ("confident-inf", lambda: S.confident_prefix_len([0.5], INF), ArgumentError, "threshold"),
+    ("confident-bool", lambda: S.confident_prefix_len([0.5], True), ArgumentError, "threshold"),
+    ("confident-str", lambda: S.confident_prefix_len([0.5], "0.5"), ArgumentError, "threshold"),
+    (
+        "confident-huge-int",
+        lambda: S.confident_prefix_len([0.5], 10**400),
+        ArgumentError,
+        "threshold",
+    ),
+    ("confident-past-f32", lambda: S.confident_prefix_len([0.5], 1e39), ArgumentError, "threshold"),
+    (
+        "confident-c-str",
+        lambda: S.confident_prefix_len("abc", 0.5),
+        ShapeError,
+        "confidence: expected real floats",
+    ),
+    (
+        "confident-c-int",
+        lambda: S.confident_prefix_len([1, 0], 0.5),
+        ShapeError,
+        "confidence: expected real floats",
+    ),
+    (
+        "confident-c-nan",
+        lambda: S.confident_prefix_len([NAN, 0.1], 0.5),
+        ArgumentError,
+        r"confidence: .*\[0\]",
+    ),
+    (
+        "confident-c-ragged",
+        lambda: S.confident_prefix_len([[0.5], [0.1, 0.2]], 0.5),
+        ShapeError,
+        "confidence: not an array",
+    ),
+    ("survival-None", lambda: S.survival_prefix_len([0.5], None), ArgumentError, "threshold"),
+    (
+        "survival-a-inf",
+        lambda: S.survival_prefix_len([0.5, INF], 0.1),
+        ArgumentError,
+        r"survival: .*\[1\]",
+    ),
+    # Gumbel noise of uniforms in (0, 1)
+    ("gumbel-zero", lambda: S.gumbel(np.array([0.0, 0.5])), ArgumentError, r"u: .*\(0, 1\)"),
+    ("gumbel-str", lambda: S.gumbel("x"), ShapeError, "u: expected real floats"),
+    (
+        "gumbel-argmax-T-None",
+        lambda: S.gumbel_argmax(np.zeros(3), None, _US),
+        ShapeError,
+        "temperature",
+    ),
+    (
+        "gumbel-argmax-T-inf",
+        lambda: S.gumbel_argmax(np.zeros(3), INF, _US),
+        ShapeError,
+        "temperature",
+    ),
+    (
+        "gumbel-argmax-z-empty",
+        lambda: S.gumbel_argmax(np.zeros(0), 1.0, np.zeros(0)),
+        ShapeError,
+        "z: ",
+    ),
+    (
+        "gumbel-argmax-z-int",
+        lambda: S.gumbel_argmax(np.array([1, 2, 3]), 0.5, _US),
+        ShapeError,
+        "z: expected real floats",
+    ),
+    (
+        "gumbel-argmax-z-str",
+        lambda: S.gumbel_argmax("abc", 1.0, _US),
+        ShapeError,
+        "z: expected real floats",
+    ),
+    (
+        "gumbel-argmax-u-short",
+        lambda: S.gumbel_argmax(np.zeros(3), 1.0, _US[:2]),
+        ShapeError,
+        "u: expected 3 values",
+    ),
+    (
+        "gumbel-argmax-u-1.5",
+        lambda: S.gumbel_argmax(np.zeros(3), 1.0, [0.5, 1.5, 0.5]),
+        ArgumentError,
+        r"u: .*1\.5",
+    ),
+    (
+        "gumbel-argmax-u-nan",
+        lambda: S.gumbel_argmax(np.zeros(3), 1.0, [0.5, NAN, 0.5]),
+        ArgumentError,
+        r"u: .*nan",
+    ),
+    # verify_uniforms: counts with a bound, named
+    ("uniforms-vocab-1e9", lambda: S.verify_uniforms(1, 0, 1, 10**9), ArgumentError, "vocab"),
+    ("uniforms-n-negative", lambda: S.verify_uniforms(1, 0, -1, 3), ArgumentError, "n: "),
+    ("uniforms-n-float", lambda: S.verify_uniforms(1, 0, 1.5, 3), ArgumentError, "n: "),
+    ("uniforms-seed", lambda: S.verify_uniforms(-1, 0, 1, 3), ArgumentError, "seed"),
+    # speculative_accept: p [n+1, V >= 1], q [n, V] (finite, >= 0), token ids, uniforms
+    (
+        "spec-empty-p",
+        lambda: S.speculative_accept([], np.zeros((0, 0)), np.zeros((1, 0)), seed=1),
+        ShapeError,
+        r"p: expected \[1, V\]",
+    ),
+    (
+        "spec-p-nan",
+        lambda: S.speculative_accept([0], _Q, np.array([[NAN, 0.5, 0.5], [1, 0, 0]]), seed=1),
+        ArgumentError,
+        r"p: .*\[0, 0\]",
+    ),
+    ("spec-p-negative", lambda: S.speculative_accept([0], _Q, -_P, seed=1), ArgumentError, "p: "),
+    ("spec-p-str", lambda: S.speculative_accept([0], _Q, "abc", seed=1), ShapeError, "p: expected"),
+    (
+        "spec-p-complex",
+        lambda: S.speculative_accept([0], _Q, _P.astype(complex), seed=1),
+        ShapeError,
+        "p: expected real floats",
+    ),
+    (
+        "spec-q-nan",
+        lambda: S.speculative_accept([0], np.full((1, 3), NAN), _P, seed=1),
+        ArgumentError,
+        "q: ",
+    ),
+    (
+        "spec-q-transposed",
+        lambda: S.speculative_accept([0, 1], np.ones((3, 2)) / 3, np.full((3, 3), 1 / 3), seed=1),
+        ShapeError,
+        r"q: expected \[2, 3\]",
+    ),
+    (
+        "spec-q-without-drafts",
+        lambda: S.speculative_accept([], None, _P[:1], seed=1),
+        ShapeError,
+        "q: ",
+    ),
+    (
+        "spec-draft-float",
+        lambda: S.speculative_accept([0.5], _Q, _P, seed=1),
+        ShapeError,
+        "draft: expected integers",
+    ),
+    (
+        "spec-draft-nan",
+        lambda: S.speculative_accept([NAN], _Q, _P, seed=1),
+        ShapeError,
+        "draft: expected integers",
+    ),
+    (
+        "spec-draft-negative",
+        lambda: S.speculative_accept([-1], _Q, _P, seed=1),
+        ShapeError,
+        "draft: values must lie",
+    ),
+    (
+        "spec-u-accept-nan",
+        lambda: S.speculative_accept([0], _Q, _P, u_accept=[NAN], u_sample=_US),
+        ArgumentError,
+        "u_accept: ",
+    ),
+    (
+        "spec-u-accept-negative",
+        lambda: S.speculative_accept([0], _Q, _P, u_accept=[-1.0], u_sample=_US),
+        ArgumentError,
+        "u_accept: ",
+    ),
+    (
+        "spec-u-sample-zero",
+        lambda: S.speculative_accept([0], _Q, _P, u_accept=[0.9], u_sample=[0.0, 0.5, 0.5]),
+        ArgumentError,
+        r"u_sample: .*\(0, 1\)",
+    ),
+    (
+        "spec-u-sample-1.5",
+        lambda: S.speculative_accept([0], _Q, _P, u_accept=[0.9], u_sample=[1.5, 0.5, 0.5]),
+        ArgumentError,
+        "u_sample: ",
+    ),
+    (
+        "spec-u-sample-rounds-to-1",
+        lambda: S.speculative_accept([0], _Q, _P, u_accept=[0.9], u_sample=[1 - 1e-10, 0.5, 0.5]),
+        ArgumentError,
+        "u_sample: ",
+    ),
+    (
+        "spec-u-str",
+        lambda: S.speculative_accept([0], _Q, _P, u_accept="a", u_sample=_US),
+        ShapeError,
+        "u_accept: expected real floats",
+    ),
+    (
+        "spec-u-short",
+        lambda: S.speculative_accept([0], _Q, _P, u_accept=[0.5], u_sample=_US[:2]),
+        ShapeError,
+        "u_sample: expected 3 values",
+    ),
+    (
+        "spec-seed-and-uniforms",
+        lambda: S.speculative_accept([0], _Q, _P, seed=1, u_accept=[0.5], u_sample=_US),
+        ArgumentError,
+        "seed.*u_accept",
+    ),
+    (
+        "spec-offset-and-uniforms",
+        lambda: S.speculative_accept([0], _Q, _P, offset=3, u_accept=[0.5], u_sample=_US),
+        ArgumentError,
+        "offset.*u_accept",
+    ),
+    (
+        "spec-offset-negative",
+        lambda: S.speculative_accept([0], _Q, _P, seed=1, offset=-1),
+        ArgumentError,
+        "offset",
+    ),
+    # candidate_accept: the same, plus the candidate sets
+    (
+        "cand-drafts-nan",
+        lambda: S.candidate_accept([NAN], _CAND, _QC, _P, seed=1),
+        ShapeError,
+        "drafts: expected integers",
+    ),
+    (
+        "cand-drafts-float",
+        lambda: S.candidate_accept([0.0], _CAND, _QC, _P, seed=1),
+        ShapeError,
+        "drafts: expected integers",
+    ),
+    (
+        "cand-p-nan",
+        lambda: S.candidate_accept([0], _CAND, _QC, np.full((2, 3), NAN), seed=1),
+        ArgumentError,
+        "p: ",
+    ),
+    (
+        "cand-p-empty",
+        lambda: S.candidate_accept(
+            [], np.zeros((0, 1), int), np.zeros((0, 1)), np.zeros((1, 0)), seed=1
+        ),
+        ShapeError,
+        r"p: expected \[1, V\]",
+    ),
+    (
+        "cand-u-sample-nan",
+        lambda: S.candidate_accept([0], _CAND, _QC, _P, u_accept=[0.5], u_sample=[NAN] * 3),
+        ArgumentError,
+        "u_sample: ",
+    ),
+    (
+        "cand-seed-and-uniforms",
+        lambda: S.candidate_accept([0], _CAND, _QC, _P, seed=1, u_accept=[0.5], u_sample=_US),
+        ArgumentError,
+        "seed.*u_accept",
+    ),
+    (
+        "cand-q-str",
+        lambda: S.candidate_accept([0], _CAND, "ab", _P, seed=1),
+        ShapeError,
+        "q_candidates: ",
+    ),
+    (
+        "cand-ragged",
+        lambda: S.candidate_accept([0], [[0, 1], [2]], _QC, _P, seed=1),
+        ShapeError,
+        "candidates: not an array",
+    ),
+    (
+        "cand-bool",
+        lambda: S.candidate_accept([0], _CAND > 0, _QC, _P, seed=1),
+        ShapeError,
+        "candidates: expected integer",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "call, error, match", [pytest.param(c, e, m, id=i) for i, c, e, m in BAD_CALLS]
+)
+def test_oracles_refuse_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_oracles_take_what_the_device_path_takes():
+    """The accepted forms stay accepted: u_accept of 0 (u * q < p is defined), a flat p and q
+    (the shared row-shape rule of the GPU's inputs), float64 and bfloat16 inputs, int64 ids,
+    a threshold of any integer or NumPy type, and one that float32 rounds to 0 (the kernel's
+    "no cut")."""
+    import ml_dtypes
+
+    q, p = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]), np.full((3, 3), 1 / 3)
+    args = dict(u_accept=[0.0, 0.0], u_sample=[0.3, 0.5, 0.7])
+    want = S.speculative_accept([0, 2], q, p, **args)
+    assert S.speculative_accept(np.array([0, 2], np.int64), q.ravel(), p.ravel(), **args) == want
+    bf = S.speculative_accept([0, 2], q.astype(ml_dtypes.bfloat16), p.astype(np.float32), **args)
+    assert bf == want
+    c = np.array([0.0, 0.5], np.float32)
+    assert S.confident_prefix_len(c, 1e-300) == 2  # float32(1e-300) = 0: no cut, as the kernel
+    assert S.confident_prefix_len(c, np.float32(0.4)) == 0
+    assert S.confident_prefix_len(c, np.int64(1)) == 0
+    assert S.survival_prefix_len(c.astype(ml_dtypes.bfloat16), 1) == 0
+    assert S.greedy_accept(np.array([5], np.uint8), np.array([5, 6], np.int64)) == (1, 6)
+
+
+def test_probability_rows_check():
+    from pydflash import checks
+
+    ok = checks.probability_rows([[0.25, 0.75]], "p", 1, 2, normalised=True)
+    assert ok.dtype == np.float32 and ok.shape == (1, 2)
+    with pytest.raises(ArgumentError, match=r"p: row 1 sums to 0\.5"):
+        checks.probability_rows([[0.5, 0.5], [0.25, 0.25]], "p", 2, 2, normalised=True)
+    checks.probability_rows([[0.5, 0.5], [0.25, 0.25]], "p", 2, 2)  # unnormalised: the kernel's
+    with pytest.raises(ArgumentError, match=r"p: probabilities must be finite and >= 0"):
+        checks.probability_rows([[0.5, -0.5]], "p", 1, 2)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, 1.5, -0.5, NAN, INF])
+def test_reference_draft_refuses_uniforms_outside_the_open_unit_interval(refs, bad):
+    """Gumbel noise -log(-log u) is finite only for u in (0, 1): 0 or 1 would force a token
+    (noise -inf / +inf), NaN would never win; the draft step's uniforms are Philox's, strictly
+    inside. Checked at T = 0 too (an argument given is an argument checked)."""
+    ref = refs["plain"]
+    hidden, lm, last = draft_inputs(ref, 3)
+    u = philox.uniforms(1, 2, philox.STREAM_DRAFT, len(ref.cfg.draft_rows()), lm.shape[0])
+    u = u.astype(np.float64)
+    u[1, 7] = bad
+    for t in (1.0, 0.0):
+        with pytest.raises(ArgumentError, match=r"uniforms: .*\(0, 1\).*\[1, 7\]"):
+            ref.draft(hidden, lm, last, temperature=t, uniforms=u)
+
+
+def test_reference_draft_refuses_two_sources_of_randomness(refs):
+    """uniforms replace Philox's (seed, offset), and either replaces rng: a call giving two
+    would silently use one of them."""
+    ref = refs["plain"]
+    hidden, lm, last = draft_inputs(ref, 4)
+    u = philox.uniforms(1, 2, philox.STREAM_DRAFT, len(ref.cfg.draft_rows()), lm.shape[0])
+    with pytest.raises(ArgumentError, match="seed.*uniforms"):
+        ref.draft(hidden, lm, last, temperature=1.0, uniforms=u, seed=1)
+    with pytest.raises(ArgumentError, match="offset.*uniforms"):
+        ref.draft(hidden, lm, last, temperature=1.0, uniforms=u, offset=3)
+    with pytest.raises(ArgumentError, match="rng"):
+        ref.draft(hidden, lm, last, temperature=1.0, seed=1, rng=np.random.default_rng(0))
+    with pytest.raises(ArgumentError, match="rng"):
+        ref.draft(hidden, lm, last, temperature=1.0, uniforms=u, rng=np.random.default_rng(0))
+    for seed, offset in ((-1, 0), (1.5, 0), (1, -1), (1, "2")):
+        with pytest.raises(ArgumentError, match="seed|offset"):
+            ref.draft(hidden, lm, last, temperature=1.0, seed=seed, offset=offset)
+    # one source each: fine, and seeded = the same uniforms given
+    a = ref.draft(hidden, lm, last, temperature=1.0, seed=1, offset=2).tokens
+    np.testing.assert_array_equal(
+        a, ref.draft(hidden, lm, last, temperature=1.0, uniforms=u).tokens
+    )
+
+
+def test_verify_refuses_on_the_host_what_the_oracle_refuses():
+    """pydflash.verify's host-side checks (before any device work, so they run here without a
+    GPU, on a runtime that never started): a threshold the oracle refuses, an int past float64
+    included, and seed / offset given beside the uniforms."""
+    from pydflash import verify
+    from pydflash.device.runtime import Runtime
+
+    idle = Runtime.__new__(Runtime)  # any device work would fail on it: none may happen
+    for thr in (NAN, INF, 10**400, 1e39, None, True, "0.5"):
+        with pytest.raises(ArgumentError, match="threshold"):
+            verify.confident_prefix_len(idle, None, thr)
+        with pytest.raises(ArgumentError, match="threshold"):
+            verify.survival_prefix_len(idle, None, thr)
+    with pytest.raises(ArgumentError, match="seed.*u_accept"):
+        verify.speculative_accept(idle, [0], None, None, seed=1, u_accept=[0.5], u_sample=[0.5])
+    with pytest.raises(ArgumentError, match="offset.*u_accept"):
+        verify.speculative_accept(idle, [0], None, None, offset=2, u_accept=[0.5], u_sample=[0.5])
+    with pytest.raises(ArgumentError, match="offset"):
+        verify.speculative_accept(idle, [0], None, None, seed=1, offset=-1)

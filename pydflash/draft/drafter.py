@@ -6,10 +6,8 @@ The data flow, top to bottom (each step's launches in pydflash.draft.network):
   confidence; pydflash.draft.step)
   propose = the block's embeddings + forward_round + draft, one captured CUDA graph;
   commit = the accepted rows' ctx_features + ingest_ctx, one captured graph per row count.
-`forward_block` and `forward` are the same path over a temporary KV (so a cached round equals
-the full forward bit for bit). The batched calls (ingest_batch, commit_batch,
-forward_round_batch, draft_batch) run the same launches over a DflashBatchKv, the sequences
-as one more grid dimension.
+`forward_block` and `forward` are the same path over a temporary KV (a cached round equals
+the full forward bit for bit); the batched calls run the same launches over a DflashBatchKv.
 
 DflashDraft checks every argument, then stages per-call values on the device and runs its
 parts: the network (the launches), the round buffers (allocated once: ingest_ctx and
@@ -18,8 +16,9 @@ every captured graph (pydflash.draft.graphs). One drafter = one stream of rounds
 
 A typical round, everything on the device until the caller reads the verdict:
     p = d.propose(e, kv, last, start, embed, lm_head, temperature=0.7, want_probs=True)
-    ... the target scores [last, p.tokens...] -> target probs [n+1, V] ...
-    accepted, nxt = verify.speculative_accept(e, p.tokens, p.probs, target_probs, seed, off)
+    ... the target scores [last, p.tokens...] -> target_probs [n+1, V] ...
+    v = verify.speculative_accept(e, p.tokens, p.probs, target_probs, seed=seed, offset=off)
+    accepted, nxt = v.host()
     d.commit(e, kv, taps_of_accepted_rows, positions, t)
 
 Batched rounds replay one graph per (pool, bucket of 1 .. 64 sequences); each sequence equals

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import speculative
+from .. import checks, speculative
 from ..errors import ConfigError, ShapeError
 from ..io.checkpoint import (
     DFLASH2_ATTENTION_CONV,
@@ -165,6 +165,9 @@ def walk(
     if temperature > 0 and (uniforms is None or uniforms.shape != (nd, successor.shape[0])):
         found = None if uniforms is None else list(uniforms.shape)
         raise ShapeError(f"uniforms: expected [{nd}, {successor.shape[0]}], found {found}")
+    if temperature > 0:  # once a walk (the slots' draws then take them unchecked)
+        assert uniforms is not None
+        checks.within(uniforms, "uniforms", 0, 1, open_lo=True, open_hi=True)
     tokens = np.zeros(nd, np.int64)
     picks = np.zeros(nd, np.int64)
     q_rows = np.zeros((nd, top_k), dtype)
@@ -180,7 +183,7 @@ def walk(
             z = s / dtype.type(temperature)
             pr = np.exp(z - z.max())
             q_rows[p] = pr / pr.sum()
-            pick = speculative.gumbel_argmax(s, temperature, uniforms[p, cand])
+            pick = speculative._gumbel_argmax(s, temperature, uniforms[p, cand])
         else:
             pick = int(np.argmax(s))  # ties: the lowest slot
             q_rows[p, pick] = 1

@@ -16,7 +16,7 @@ import numpy as np
 from .. import checks, philox, speculative
 from ..checks import FROM_CONFIG
 from ..draft.kv import kv_dtype as kv_dtype_arg
-from ..errors import ShapeError
+from ..errors import ArgumentError, ShapeError
 from ..heads import MarkovKind, markov_kind
 from ..heads.markov import sigmoid  # one definition: the Markov kinds' reference steps use it
 from ..io.checkpoint import (
@@ -192,6 +192,14 @@ class ReferenceDraft:
         checks.check_len(p, name, n)
         return p.astype(np.int64)
 
+    def _uniforms(self, u: np.ndarray, rows: int, vocab: int) -> np.ndarray:
+        """Given uniforms [rows, V] in the drafter's dtype, each strictly inside (0, 1): the
+        Gumbel noise -log(-log u) of 0 or 1 is infinite (forcing or barring a token), of NaN
+        never wins; Philox's uniforms always lie inside."""
+        a = self._rows("uniforms", u, rows, vocab)
+        checks.within(a, "uniforms", 0, 1, open_lo=True, open_hi=True)
+        return a
+
     def _check_kv(self, kv: ReferenceKv) -> None:
         if not isinstance(kv, ReferenceKv):
             raise ShapeError(f"kv: expected a ReferenceKv, found {type(kv).__name__}")
@@ -322,20 +330,30 @@ class ReferenceDraft:
         x = self._rows("noise_emb", noise_emb, b, c.hidden)
         p = self._positions("pos_block", pos_block, b)
         kv.check_block_positions(p, "pos_block")
-        kv.round_written()  # the bookkeeping of the GPU's scratch rows (the reference keeps all)
         n, heads = kv.len, (kv.len, c.n_kv, c.head_dim)
         for layer in range(c.n_layer):
             k, v = kv.k[layer][:n].reshape(heads), kv.v[layer][:n].reshape(heads)
             x = self._layer(layer, x, p, k, v, kv.pos[:n], kv.kv_dtype)
-        return rms_norm(x, self.w["norm.weight"], c.eps)
+        out = rms_norm(x, self.w["norm.weight"], c.eps)
+        # the bookkeeping of the GPU's scratch rows (the reference keeps every row), last: a
+        # round that fails (a weight missing from the math) leaves the roll-back floor as it was
+        kv.round_written()
+        return out
 
     # -- logits -> draft tokens ------------------------------------------------------------
     def markov_bias(
         self, prev: int, h: np.ndarray, state: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """W2-projected bias for one slot given the previous realised token (SPEC §6): W2 . u,
-        u from the head kind's reference step (pydflash.heads.markov)."""
-        u, state = self._markov_kind().reference_step(self.w, h, prev, state)
+        u from the head kind's reference step (pydflash.heads.markov). prev: a row of the head's
+        W1; h: the slot's hidden [hidden]; state: the kind's carried [markov_rank] (rnn)."""
+        kind = self._markov_kind()
+        c = self.cfg
+        prev = checks.token(prev, "prev", self.w[MARKOV_W1].shape[0])
+        h = checks.host_rows(h, "h", 1, c.hidden, self.dtype, finite=True)[0]
+        if kind.carries_state:
+            state = checks.host_rows(state, "state", 1, c.markov_rank, self.dtype, finite=True)[0]
+        u, state = kind.reference_step(self.w, h, prev, state)
         return self.w[MARKOV_W2] @ u, state
 
     def _markov_kind(self) -> MarkovKind:
@@ -365,21 +383,31 @@ class ReferenceDraft:
         cap), plus the Markov bias. temperature > 0 samples from softmax(logits / T): with
         `uniforms` [n_drafts, V] or a Philox `seed` (+ `offset`: pydflash.philox, stream
         DRAFT, row = slot) by the Gumbel-max rule the GPU uses (speculative.gumbel_argmax), so
-        both return the same tokens; otherwise with `rng` (numpy's choice). With a trimmed
-        vocabulary (cfg.draft_vocab) and its own lm_head of that many rows, the tokens are
-        target ids (d2t) and probs spread over the full vocabulary."""
+        both return the same tokens; otherwise with `rng` (numpy's choice). One source at a
+        time (uniforms, a seed, or rng), checked at T = 0 too: uniforms strictly inside (0, 1).
+        With a trimmed vocabulary (cfg.draft_vocab) and its own lm_head of that many rows, the
+        tokens are target ids (d2t) and probs spread over the full vocabulary."""
         c = self.cfg
         cap, mult = checks.draft_scales(c, logit_softcap, output_multiplier)
         h, lm, last, logit_softcap, temperature = draft_args(
             c, self.w, self.dtype, hidden, lm_head, last, cap, temperature, rng, mult
         )
         rows = c.draft_rows()
+        seed, offset = checks.uniforms_or_seed(uniforms is not None, seed, offset, "uniforms")
+        if rng is not None and (uniforms is not None or seed is not None):
+            raise ArgumentError(
+                "rng: given with "
+                + ("uniforms" if uniforms is not None else "seed")
+                + ", which decide the draw; give one source of randomness"
+            )
         gumbel_u = None
-        if temperature > 0 and uniforms is not None:
-            gumbel_u = self._rows("uniforms", uniforms, len(rows), lm.shape[0])
-        elif temperature > 0 and seed is not None:
+        if uniforms is not None:
+            gumbel_u = self._uniforms(uniforms, len(rows), lm.shape[0])
+        if temperature == 0:
+            gumbel_u = None  # greedy: the uniforms were checked, and are not needed
+        elif seed is not None:
             gumbel_u = philox.uniforms(seed, offset, philox.STREAM_DRAFT, len(rows), lm.shape[0])
-        elif temperature > 0 and rng is None:
+        elif gumbel_u is None and rng is None:
             rng = np.random.default_rng()
         q = np.ones(len(rows), self.dtype)
         tokens = np.zeros(len(rows), np.int64)
@@ -409,7 +437,7 @@ class ReferenceDraft:
                 assert probs is not None  # allocated when temperature > 0
                 probs[i] = pr
                 if gumbel_u is not None:
-                    tok = speculative.gumbel_argmax(logits, temperature, gumbel_u[i])
+                    tok = speculative._gumbel_argmax(logits, temperature, gumbel_u[i])
                 else:
                     assert rng is not None  # set above when neither uniforms nor seed is
                     p64 = pr.astype(np.float64)  # renormalised in float64: numpy's check
@@ -448,14 +476,16 @@ class ReferenceDraft:
         as in `draft`); their top selector_top_k are a row's candidates. temperature > 0
         samples each slot from softmax(s / T) by Gumbel-max with `uniforms` [n_drafts, V] or
         Philox at (`seed`, `offset`) (stream DRAFT, row = slot, col = token id: what `draft`
-        draws); with neither, a fresh seed. Returns the tokens, the candidate ids, the
-        distributions q over them (one-hot when greedy) and the walk's scores."""
+        draws); with neither, a fresh seed (uniforms strictly inside (0, 1), or a seed; not
+        both). Returns the tokens, the candidate ids, the distributions q over them (one-hot
+        when greedy) and the walk's scores."""
         c = self.cfg
         d2 = dflash2.head_of(c)
         cap, mult = checks.draft_scales(c, logit_softcap, output_multiplier)
         h, lm, last, cap, temperature = draft_args(
             c, self.w, self.dtype, hidden, lm_head, last, cap, temperature, None, mult
         )
+        seed, offset = checks.uniforms_or_seed(uniforms is not None, seed, offset, "uniforms")
         pred, succ = self.w[dflash2.PREDECESSOR_CODEBOOK], self.w[dflash2.SUCCESSOR_CODEBOOK]
         hp_w = self.w[dflash2.HIDDEN_PROJECTION]
         if lm.shape[0] != pred.shape[0]:  # the codebooks are indexed by the lm_head's ids
@@ -469,13 +499,14 @@ class ReferenceDraft:
             logits = np.tanh(logits / cap) * cap
         unary, cand = dflash2.top_candidates(logits, d2.selector_top_k)
         u = None
-        if temperature > 0:
-            if uniforms is not None:
-                u = self._rows("uniforms", uniforms, len(rows), lm.shape[0])
-            else:
-                if seed is None:
-                    seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
-                u = philox.uniforms(seed, offset, philox.STREAM_DRAFT, len(rows), lm.shape[0])
+        if uniforms is not None:  # checked at T = 0 too (unused there)
+            u = self._uniforms(uniforms, len(rows), lm.shape[0])
+        if temperature == 0:
+            u = None
+        elif u is None:
+            if seed is None:
+                seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+            u = philox.uniforms(seed, offset, philox.STREAM_DRAFT, len(rows), lm.shape[0])
         hp = h[np.asarray(rows)] @ hp_w.T
         return dflash2.walk(unary, cand, hp, pred, succ, last, temperature, u)
 

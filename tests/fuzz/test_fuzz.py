@@ -1,7 +1,8 @@
 """Fuzzing as a hostile or careless user would (issue 13): configs (as dicts and as JSON text),
-safetensors headers, shard indexes, checkpoint paths, the reference API's arguments and the
-weight formats' shapes. Every case must end in a result or a PydflashError, leave the state it
-touched intact, and stay within a time and memory bound.
+safetensors headers, shard indexes, checkpoint paths, the reference API's arguments, the
+speculative oracles' arguments (pydflash.speculative) and the weight formats' shapes. Every
+case must end in a result or a PydflashError, leave the state it touched intact, and stay
+within a time and memory bound.
 
 Two tiers of the same targets, seeded (derandomize): a few hundred cases per target in the
 default run, thousands under `-m fuzz` (PYDFLASH_FUZZ_EXAMPLES sets the count). A summary line
@@ -686,7 +687,9 @@ def drafts(tmp_path_factory):
     root = tmp_path_factory.mktemp("api")
     plain = ReferenceDraft.load(make_checkpoint(root / "tiny", "tiny", seed=7))
     dspark = ReferenceDraft.load(make_checkpoint(root / "dspark", "tiny-dspark", seed=8))
-    return [plain, dspark]
+    # sliding layers whose rings (23 rows in a cap-24 KV) give a roll-back floor to keep
+    swa = ReferenceDraft.load(make_checkpoint(root / "swa", "tiny-swa", seed=9))
+    return [plain, dspark, swa]
 
 
 def mostly(good, bad):
@@ -760,13 +763,17 @@ COUNTS = st.one_of(
 
 
 def kv_snapshot(kv: ReferenceKv):
-    return (kv.len, [a.copy() for a in kv.k], [a.copy() for a in kv.v], kv.pos.copy())
+    k, v = [a.copy() for a in kv.k], [a.copy() for a in kv.v]
+    return (kv.len, kv.rollback_floor, k, v, kv.pos.copy())
 
 
-def kv_same(kv: ReferenceKv, snap) -> bool:
-    n, k, v, pos = snap
+def kv_same(kv: ReferenceKv, snap, floor_too: bool = True) -> bool:
+    """The KV as snap saw it; floor_too=False after a good round (its block went to the
+    rings' oldest slots: the roll-back floor may rise, as on the GPU)."""
+    n, floor, k, v, pos = snap
     return (
         kv.len == n
+        and (kv.rollback_floor == floor or not floor_too)
         and all(np.array_equal(a, b, equal_nan=True) for a, b in zip(kv.k, k))
         and all(np.array_equal(a, b, equal_nan=True) for a, b in zip(kv.v, v))
         and np.array_equal(kv.pos, pos)
@@ -828,6 +835,17 @@ def api_calls(draw, d: ReferenceDraft):
             )
         )
         args["seed"] = draw(st.integers(0, 2**32 - 1))
+        # the draw's randomness: numpy's rng, a Philox seed, given uniforms (hostile: 0, 1,
+        # NaN, ... refused), or two sources at once (refused)
+        args["source"] = draw(st.sampled_from(["rng", "rng", "seed", "uniforms", "two"]))
+        n_drafts = len(c.draft_rows())
+        good_u = st.builds(  # [n_drafts, V] for the good lm_head (V + 3 rows: refused)
+            lambda s: (
+                (np.random.default_rng(s).integers(0, 1 << 23, (n_drafts, vocab)) + 0.5) * 2.0**-23
+            ),
+            st.integers(0, 2**32 - 1),
+        )
+        args["uniforms"] = draw(hostile(good_u))
     if method == "len":
         args["value"] = draw(st.one_of(st.integers(-3, 40), scalars()))
     if method == "kv_new":
@@ -851,7 +869,13 @@ def call_api(d: ReferenceDraft, kv: ReferenceKv, other_cfg: DflashCfg, a: dict):
     if m in ("draft", "draft_tokens"):
         kw = {"logit_softcap": a["softcap"]}
         if m == "draft":
-            kw.update(temperature=a["temperature"], rng=np.random.default_rng(a["seed"]))
+            kw["temperature"] = a["temperature"]
+            if a["source"] in ("rng", "two"):
+                kw["rng"] = np.random.default_rng(a["seed"])
+            if a["source"] in ("seed", "two"):
+                kw["seed"] = a["seed"]
+            if a["source"] == "uniforms":
+                kw["uniforms"] = a["uniforms"]
             return d.draft(a["hidden"], a["lm"], a["last"], **kw)
         return d.draft_tokens(a["hidden"], a["lm"], a["last"], **kw)
     if m == "len":
@@ -876,7 +900,7 @@ def test_reference_api(examples, drafts):
 
     @tiered(examples)
     @given(
-        which=st.integers(0, 1), data=st.data(), foreign_kv=st.booleans(), pre=st.integers(0, 16)
+        which=st.integers(0, 2), data=st.data(), foreign_kv=st.booleans(), pre=st.integers(0, 16)
     )
     def case(which, data, foreign_kv, pre):
         d = drafts[which]
@@ -897,7 +921,8 @@ def test_reference_api(examples, drafts):
         elif m == "ingest_ctx":
             assert kv.len == snap[0] + a["t"]
         else:
-            assert kv_same(kv, snap), f"{m}: state changed by a read-only call"
+            good_round = m == "forward_round"
+            assert kv_same(kv, snap, not good_round), f"{m}: state changed by a read-only call"
             c = d.cfg
             if m in ("draft", "draft_tokens"):
                 tokens = result.tokens if m == "draft" else result
@@ -906,6 +931,186 @@ def test_reference_api(examples, drafts):
             else:
                 rows = a["t"] if m == "ctx_features" else c.block_size
                 assert result.shape == (rows, c.hidden)
+
+    case()
+
+
+# -- the speculative oracles --------------------------------------------------------------------
+SPEC_FUNCTIONS = [
+    "gumbel",
+    "gumbel_argmax",
+    "confident_prefix_len",
+    "survival_prefix_len",
+    "greedy_accept",
+    "verify_uniforms",
+    "speculative_accept",
+    "candidate_accept",
+]
+SPEC_SPECIAL = [np.nan, np.inf, -np.inf, -1.0, -0.0, 0.0, 1.0, 1.5, 1e30, 1e-45, 1 - 1e-10]
+SPEC_BAD_IDS = [-1, 2**31, 2**40, 2**63 - 1]
+SPEC_DTYPES = [np.float16, np.float64, np.int64, np.uint8, np.bool_, np.complex64, object, "U4"]
+# counts a careless caller passes: past the bound (philox.MAX_COLS), negative, not integers.
+# Legal counts stay small: the largest legal one (2^24 uniforms) takes seconds by design.
+HUGE_COUNTS = [-1, 2**24 + 1, 2**31, 10**9, 2**62, 2**64, 10**30, 1.5, "3", None, True]
+
+
+def _cast(a, dtype):
+    with np.errstate(all="ignore"):
+        return np.asarray(a).astype(dtype)
+
+
+def _poke(a, value, where: int, as_int: bool = False):
+    """A copy of a with one entry set to value (float64, or int64 for an id)."""
+    out = np.array(a, np.int64 if as_int else np.float64)
+    if out.size:
+        out.flat[where % out.size] = value
+    return out
+
+
+def hostile(good, ids: bool = False):
+    """An argument as a careless caller passes it: good five times in six, else good with a
+    special value poked in, cast to another dtype, transposed, flattened, cut short, grown,
+    given an axis more, as a list, or an array of another shape, a ragged list, a scalar,
+    None, a string."""
+    poked = st.tuples(good, st.sampled_from(SPEC_SPECIAL), st.integers(0, 10**6))
+    bad = [
+        poked.map(lambda t: _poke(*t)),
+        st.tuples(good, st.sampled_from(SPEC_DTYPES)).map(lambda t: _cast(*t)),
+        good.map(lambda a: np.asarray(a).T),
+        good.map(lambda a: np.asarray(a).reshape(-1)),
+        good.map(lambda a: np.asarray(a).reshape(-1)[:-1]),
+        good.map(lambda a: np.append(np.asarray(a).reshape(-1), 0.5)),
+        good.map(lambda a: np.asarray(a)[None]),
+        good.map(lambda a: np.asarray(a).tolist()),
+        st.lists(st.integers(0, 4), max_size=3).map(lambda shape: np.full(shape, 0.5)),
+        st.just([[0.5], [0.5, 0.5]]),
+        scalars(),
+        st.none(),
+    ]
+    if ids:
+        bad.append(
+            st.tuples(good, st.sampled_from(SPEC_BAD_IDS), st.integers(0, 10**6)).map(
+                lambda t: _poke(*t, as_int=True)
+            )
+        )
+    return mostly(good, st.one_of(*bad))
+
+
+@st.composite
+def spec_calls(draw):
+    """(function name, args, kwargs): a valid call of n drafts over a vocabulary of V, its
+    arguments then each passed as hostile() makes them."""
+    name = draw(st.sampled_from(SPEC_FUNCTIONS))
+    n, vocab = draw(st.integers(0, 6)), draw(st.integers(1, 12))
+    g = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+
+    def arg(good, ids=False):
+        return draw(hostile(st.just(good), ids))
+
+    def unif(*shape):  # strictly inside (0, 1), as Philox's
+        return ((g.integers(0, 1 << 23, shape) + 0.5) * 2.0**-23).astype(np.float32)
+
+    def probs(rows, cols=vocab):
+        return g.dirichlet(np.ones(cols), rows).astype(np.float32)
+
+    def count(good):
+        # scalars() without the legal counts past 2^16: up to 2^24 uniforms are allowed and
+        # take seconds (philox.MAX_COLS), which is the bound working, not a hang
+        careless = scalars().filter(lambda v: not (isinstance(v, int) and 2**16 < v <= 2**24))
+        return draw(mostly(st.just(good), st.sampled_from(HUGE_COUNTS) | careless))
+
+    def randomness():
+        mode = draw(st.sampled_from(["seed", "seed", "uniforms", "uniforms", "both", "none"]))
+        kw = {}
+        if mode in ("seed", "both"):
+            kw["seed"] = draw(mostly(st.integers(0, 2**64 - 1), scalars()))
+            kw["offset"] = draw(mostly(st.integers(0, 2**64 - 1), scalars()))
+        if mode in ("uniforms", "both"):
+            kw["u_accept"], kw["u_sample"] = arg(unif(n)), arg(unif(vocab))
+        return kw
+
+    threshold = st.one_of(st.floats(-1, 2), st.sampled_from([0.0, 0.5, 1e-300, 1e39]), scalars())
+    if name == "gumbel":
+        return name, (arg(unif(vocab)),), {}
+    if name == "gumbel_argmax":
+        t = draw(mostly(st.floats(0.05, 5.0), scalars()))
+        return name, (arg(g.standard_normal(vocab)), t, arg(unif(vocab))), {}
+    if name in ("confident_prefix_len", "survival_prefix_len"):
+        return name, (arg(g.uniform(0, 1, n).astype(np.float32)), draw(threshold)), {}
+    if name == "greedy_accept":
+        target = g.integers(0, vocab, n + 1)
+        draft = np.where(g.random(n) < 0.8, target[:n], g.integers(0, vocab, n))
+        return name, (arg(draft, ids=True), arg(target, ids=True)), {}
+    if name == "verify_uniforms":
+        seed = draw(mostly(st.integers(0, 2**64 - 1), scalars()))
+        offset = draw(mostly(st.integers(0, 2**64 - 1), scalars()))
+        return name, (seed, offset, count(n), count(vocab)), {}
+    if name == "speculative_accept":
+        q = probs(n)
+        draft = np.array([g.choice(vocab, p=row / row.sum()) for row in q], np.int64)
+        return name, (arg(draft, ids=True), arg(q), arg(probs(n + 1))), randomness()
+    k = draw(st.integers(1, vocab))
+    cand = np.array([g.permutation(vocab)[:k] for _ in range(n)], np.int64).reshape(n, k)
+    drafts = cand[np.arange(n), g.integers(0, k, n)] if n else np.zeros(0, np.int64)
+    args = (arg(drafts, ids=True), arg(cand, ids=True), arg(probs(n, k)), arg(probs(n + 1)))
+    return name, args, randomness()
+
+
+def snapshot(values):
+    """Copies of the array arguments, to check that no oracle writes into its inputs."""
+    return [np.array(v, copy=True) if isinstance(v, np.ndarray) else None for v in values]
+
+
+def unchanged(values, copies) -> bool:
+    for v, c in zip(values, copies):
+        if c is None:
+            continue
+        if v.dtype != c.dtype or v.shape != c.shape:
+            return False
+        if v.dtype.hasobject and v.tolist() != c.tolist():
+            return False
+        if not v.dtype.hasobject and v.tobytes() != c.tobytes():
+            return False
+    return True
+
+
+def spec_result_is_sound(name: str, args: tuple, result) -> None:
+    """What a call that returned must have returned (its arguments were then valid)."""
+    size = np.asarray(args[0]).size
+    if name == "gumbel":
+        assert result.shape == np.shape(args[0]) and np.isfinite(result).all()
+    elif name == "gumbel_argmax":
+        assert 0 <= result < size
+    elif name in ("confident_prefix_len", "survival_prefix_len"):
+        assert 0 <= result <= size
+    elif name == "verify_uniforms":
+        ua, us = result
+        assert ua.shape == (args[2],) and us.shape == (args[3],)
+        assert ((ua > 0) & (ua < 1)).all() and ((us > 0) & (us < 1)).all()
+    else:  # the verifications: (accepted, next token), the token an id of p's vocabulary
+        k, nxt = result
+        p = args[-1] if name != "greedy_accept" else None  # p is last in both accepts
+        vocab = 2**31 if p is None else np.asarray(p).size // (size + 1)
+        assert isinstance(k, int) and isinstance(nxt, int)
+        assert 0 <= k <= size and 0 <= nxt < vocab
+
+
+@pytest.mark.parametrize("examples", TIERS)
+def test_speculative_oracles(examples):
+    """pydflash.speculative over random shapes, dtypes, NaN / inf, negatives and huge counts:
+    a result or a PydflashError within the time bound, and the inputs left as they were."""
+    from pydflash import speculative
+
+    @tiered(examples)
+    @given(call=spec_calls())
+    def case(call):
+        name, args, kwargs = call
+        copies = snapshot([*args, *kwargs.values()])
+        fn = getattr(speculative, name)
+        result = outcome("speculative", lambda: fn(*args, **kwargs))
+        assert unchanged([*args, *kwargs.values()], copies), f"{name}: wrote into its inputs"
+        if result is not REFUSED:
+            spec_result_is_sound(name, args, result)
 
     case()
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pydflash import philox
-from pydflash.errors import ConfigError, ShapeError
+from pydflash.errors import ArgumentError, ConfigError, ShapeError
 from pydflash.io.checkpoint import backbone_shapes, dflash2_conv_names, head_shapes
 from pydflash.model.config import Dflash2Cfg, DflashCfg
 from pydflash.reference import dflash2
@@ -401,6 +401,27 @@ def test_proposal_errors(rng):
     plain = ReferenceDraft(dataclasses.replace(cfg, dflash2=None), w, np.float64)
     with pytest.raises(ConfigError, match="no DFlash2 head"):
         plain.propose_candidates(hidden, lm, 3)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, 1.5, float("nan")])
+def test_proposal_refuses_bad_uniforms_and_two_sources(rng, bad):
+    """propose_candidates takes uniforms strictly inside (0, 1) (Gumbel noise of 0 or 1 is
+    infinite, of NaN never wins), and either uniforms or a Philox (seed, offset), not both."""
+    cfg = d2_cfg()
+    d = ReferenceDraft(cfg, d2_weights(cfg, rng), np.float64)
+    hidden = rng.normal(0, 1, (cfg.block_size, cfg.hidden))
+    lm = rng.normal(0, 1, (VOCAB, cfg.hidden))
+    u = philox.uniforms(5, 0, philox.STREAM_DRAFT, cfg.block_size - 1, VOCAB).astype(np.float64)
+    u[2, 11] = bad
+    with pytest.raises(ArgumentError, match=r"uniforms: .*\(0, 1\).*\[2, 11\]"):
+        d.propose_candidates(hidden, lm, 3, temperature=1.0, uniforms=u)
+    u[2, 11] = 0.5
+    with pytest.raises(ArgumentError, match="seed.*uniforms"):
+        d.propose_candidates(hidden, lm, 3, temperature=1.0, uniforms=u, seed=5)
+    with pytest.raises(ArgumentError, match="offset.*uniforms"):
+        d.propose_candidates(hidden, lm, 3, temperature=1.0, uniforms=u, offset=1)
+    with pytest.raises(ArgumentError, match="seed"):
+        d.propose_candidates(hidden, lm, 3, temperature=1.0, seed="5")
 
 
 def test_load_dflash2_checkpoint(rng, tmp_path):

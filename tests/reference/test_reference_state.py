@@ -200,3 +200,153 @@ def test_bf16_kv_stores_rounded_values_and_forward_models_them(setup):
     x = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-20), 1 + 2**-8 + 2**-30])
     np.testing.assert_array_equal(kv_round(x, "bf16"), [1.0, 1 + 2**-6, -(1 + 2**-7), 1.0])
     assert kv_round(x, "f32") is x
+
+
+# -- a failed call changes nothing ---------------------------------------------------------------
+def kv_state(kv):
+    """Everything a call could change: len, the roll-back floor, every row, every position."""
+    return (
+        kv.len,
+        kv.rollback_floor,
+        [a.copy() for a in kv.k],
+        [a.copy() for a in kv.v],
+        kv.pos.copy(),
+    )
+
+
+def assert_kv_unchanged(kv, before, what):
+    n, floor, k, v, pos = before
+    assert (kv.len, kv.rollback_floor) == (n, floor), f"{what}: len / rollback_floor moved"
+    for got, want in zip(kv.k + kv.v, k + v):
+        np.testing.assert_array_equal(got, want, err_msg=f"{what}: K/V rows changed")
+    np.testing.assert_array_equal(kv.pos, pos, err_msg=f"{what}: positions changed")
+
+
+@pytest.fixture(scope="module")
+def swa(tmp_path_factory):
+    """A drafter whose sliding layers keep rings (W 8, block 8: 23 rows, cap 64), and the same
+    drafter missing a weight its last layer needs (found only in the layer math, after the
+    layers before it ran)."""
+    d = ReferenceDraft.load(make_checkpoint(tmp_path_factory.mktemp("swa") / "c", "tiny-swa"))
+    missing = "layers.2.self_attn.v_proj.weight"
+    broken = ReferenceDraft(d.cfg, {n: a for n, a in d.w.items() if n != missing})
+    return d, broken
+
+
+def ringed_kv(d, rng):
+    """23 committed rows (the ring's size: nothing dropped yet, floor 0)."""
+    kv = ReferenceKv(d.cfg, 64)
+    assert kv.ring_rows == 23
+    feats = rng.standard_normal((23, d.cfg.hidden)).astype(np.float32)
+    d.ingest_ctx(kv, feats, np.arange(23), 23)
+    assert (kv.len, kv.rollback_floor) == (23, 0)
+    return kv
+
+
+def test_failed_calls_leave_the_kv_exactly_as_it_was(swa):
+    """Every kind of refused reference call (bad arguments, capacity, ring positions, a cache
+    of another drafter, a weight missing from the layer math) leaves len, the roll-back floor,
+    the rows and the positions exactly as before; a roll-back legal before it stays legal."""
+    d, broken = swa
+    rng = np.random.default_rng(7)
+    kv = ringed_kv(d, rng)
+    c, b = d.cfg, d.cfg.block_size
+    feats = rng.standard_normal((3, c.hidden)).astype(np.float32)
+    noise = rng.standard_normal((b, c.hidden)).astype(np.float32)
+    block = np.arange(23, 23 + b)
+    failing = {
+        "forward_round, missing weight": (
+            lambda: broken.forward_round(kv, noise, block),
+            ShapeError,
+            "layers.2.self_attn.v_proj",
+        ),
+        "forward_round, noise shape": (
+            lambda: d.forward_round(kv, noise.T, block),
+            ShapeError,
+            "noise_emb",
+        ),
+        "forward_round, block before the ctx": (
+            lambda: d.forward_round(kv, noise, block - 5),
+            ShapeError,
+            "pos_block",
+        ),
+        "forward_round, positions count": (
+            lambda: d.forward_round(kv, noise, block[:-1]),
+            ShapeError,
+            "pos_block",
+        ),
+        "ingest_ctx, missing weight": (
+            lambda: broken.ingest_ctx(kv, feats, np.arange(23, 26), 3),
+            ShapeError,
+            "layers.2.self_attn.v_proj",
+        ),
+        "ingest_ctx, over capacity": (
+            lambda: d.ingest_ctx(kv, np.zeros((42, c.hidden)), np.arange(23, 65), 42),
+            CapacityError,
+            "exceed cap",
+        ),
+        "ingest_ctx, positions not increasing": (
+            lambda: d.ingest_ctx(kv, feats, [30, 29, 31], 3),
+            ShapeError,
+            "pos_new",
+        ),
+        "ingest_ctx, feats shape": (
+            lambda: d.ingest_ctx(kv, feats.T, np.arange(23, 26), 3),
+            ShapeError,
+            "feats",
+        ),
+        "len, forward": (lambda: setattr(kv, "len", 24), CapacityError, "roll back"),
+        "len, not an integer": (lambda: setattr(kv, "len", 2.0), ShapeError, "len must be"),
+    }
+    for what, (call, error, match) in failing.items():
+        before = kv_state(kv)
+        with pytest.raises(error, match=match):
+            call()
+            raise AssertionError(f"{what}: not refused")
+        assert_kv_unchanged(kv, before, what)
+    # the roll-back that was legal before the failed rounds still is; a good round then moves
+    # the floor (its block went to the rings' oldest slots), as on the GPU
+    kv.len = 5
+    kv = ringed_kv(d, rng)
+    d.forward_round(kv, noise, block)
+    assert kv.rollback_floor == 23 + b - 23 + 7
+    with pytest.raises(CapacityError, match="roll back to 15 or more"):
+        kv.len = 5
+
+
+def test_failed_rollback_leaves_the_floor(swa):
+    d, _ = swa
+    rng = np.random.default_rng(8)
+    kv = ringed_kv(d, rng)
+    noise = rng.standard_normal((d.cfg.block_size, d.cfg.hidden)).astype(np.float32)
+    d.forward_round(kv, noise, np.arange(23, 31))
+    before = kv_state(kv)
+    with pytest.raises(CapacityError, match="cannot roll back to 3"):
+        kv.len = 3
+    assert_kv_unchanged(kv, before, "len below the floor")
+
+
+def test_markov_bias_arguments(setup, tmp_path):
+    """markov_bias (a public step of the draft chain) checks prev against the head's W1 rows
+    and the hidden row / rnn state shapes, instead of a raw IndexError or a broadcast error."""
+    from pydflash.io.checkpoint import MARKOV_W1
+
+    _, m = setup
+    h = np.random.default_rng(9).standard_normal(m.cfg.hidden).astype(np.float32)
+    v = m.w[MARKOV_W1].shape[0]
+    bias, state = m.markov_bias(3, h, None)
+    assert bias.shape == (v,) and state is None
+    for prev in (-1, v, 1.5, "3", True, None):
+        with pytest.raises(ShapeError, match="prev: "):
+            m.markov_bias(prev, h, None)
+    for bad in (h[:-1], np.append(h, 1.0), np.full_like(h, np.nan), h.astype(int), "h"):
+        with pytest.raises(ShapeError, match="h: "):
+            m.markov_bias(3, bad, None)
+    rnn = ReferenceDraft.load(make_checkpoint(tmp_path / "rnn", "tiny", markov="rnn", seed=2))
+    s0 = np.zeros(rnn.cfg.markov_rank, np.float32)
+    hr = h[: rnn.cfg.hidden]
+    _, s1 = rnn.markov_bias(3, hr, s0)
+    assert s1.shape == s0.shape
+    for bad in (None, s0[:-1], np.full_like(s0, np.inf)):
+        with pytest.raises(ShapeError, match="state: "):
+            rnn.markov_bias(3, hr, bad)
