@@ -60,3 +60,17 @@ def test_argument_errors_name_the_argument():
     )  # fmt: skip
     with pytest.raises(errors.ArgumentError, match="dtype: K/V dtype must be one of"):
         DflashKv(None, cfg, 8, "fp8")
+
+
+def test_cuda_errors_of_an_entry_point_become_device_fault_errors():
+    """What a kernel fault surfaces as (CuPy's CUDA error at the next CUDA call) reaches the
+    caller as DeviceFaultError carrying CUDA's text; pydflash's own errors pass unchanged."""
+    cp = pytest.importorskip("cupy", reason="CuPy is needed to build its CUDA error")
+    from pydflash.device.runtime import _device_faults
+
+    with pytest.raises(errors.DeviceFaultError, match="illegal memory access.*restart"):
+        with _device_faults():
+            raise cp.cuda.runtime.CUDARuntimeError(700)  # cudaErrorIllegalAddress
+    with pytest.raises(errors.ArgumentError, match="mine"):
+        with _device_faults():
+            raise errors.ArgumentError("mine")

@@ -283,7 +283,21 @@ class Runtime:
         """Queue `spec` on the current stream (entry points make the runtime stream current),
         its arguments cast from the spec. Dynamic shared memory over 48 KiB is opted in once
         per kernel. pdl=True (only for kernels that call pdl_wait() before reading earlier
-        kernels' results) lets it start while the previous kernel finishes, on sm_90+."""
+        kernels' results) lets it start while the previous kernel finishes, on sm_90+.
+        With debug_sync the kernel is waited for and a fault raised naming it."""
+        self._queue(spec, grid, block, smem, pdl, args)
+        if self.debug_sync:
+            self._check_launch(spec)
+
+    def _queue(
+        self,
+        spec: kernels.KernelSpec,
+        grid: Sequence[int],
+        block: int,
+        smem: int,
+        pdl: bool,
+        args: dict[str, Any],
+    ) -> None:
         fn = self.function(spec)
         # the opt-in is a property of the CUfunction, which every Runtime of this device and
         # module shares: raised only, and tracked per function (a per-Runtime record let one
@@ -323,8 +337,6 @@ class Runtime:
             except PdlUnsupported:  # only that answer: every other launch error is raised
                 self._pdl.available = False
         fn(tuple(grid), (block,), values, shared_mem=smem)
-        if self.debug_sync:
-            self._check_launch(spec)
 
     def _check_launch(self, spec: kernels.KernelSpec) -> None:
         """debug_sync: wait for the kernel just queued; a fault is raised naming it."""
