@@ -21,30 +21,17 @@ from pydflash.model.config import Dflash2Cfg, DflashCfg
 from pydflash.reference import dflash2
 from pydflash.reference.drafter import ReferenceDraft, ReferenceKv, rms_norm, rope_neox
 from pydflash.testing import chi_square
+from tests.reference.test_reference import tiny_cfg
 
 VOCAB = 40
 
 
 def d2_cfg(k: int = 2, gs: int = 4, rank: int = 6, top_k: int = 5, **kw) -> DflashCfg:
-    base = dict(
-        hidden=16,
-        n_head=4,
-        n_kv=2,
-        head_dim=8,
-        n_ff=24,
-        n_layer=2,
-        eps=1e-6,
-        rope_theta=10000.0,
-        block_size=5,
-        mask_token_id=0,
-        target_layer_ids=(2, 5, 7),
-        vocab_size=VOCAB,
-    )
-    base.update(kw)
+    """test_reference's tiny geometry (block 5, a vocabulary) with a DFlash2 head."""
     head = Dflash2Cfg(
         conv_kernel_size=k, conv_group_size=gs, selector_rank=rank, selector_top_k=top_k
     )
-    return dataclasses.replace(DflashCfg(**base), dflash2=head)
+    return tiny_cfg(**{"block_size": 5, "vocab_size": VOCAB, **kw, "dflash2": head})
 
 
 def d2_weights(cfg: DflashCfg, rng: np.random.Generator) -> dict[str, np.ndarray]:
