@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import checks, speculative
-from ..errors import ConfigError, ShapeError
+from ..errors import ArgumentError, ConfigError, ShapeError
 from ..io.checkpoint import (
     DFLASH2_ATTENTION_CONV,
     DFLASH2_MLP_CONV,
@@ -92,7 +92,22 @@ def grouped_conv(
 ) -> np.ndarray:
     """conv(y, B, d)[i, c] = sum_{t<k} (B[t, c] + d[i, t, c // gs]) * y[i - t, c]: y [rows, H],
     base [k, H], dynamic [rows, k, H / gs]; rows before row 0 count as zero."""
-    rows = y.shape[0]
+    y, base, dynamic = (np.asarray(a) for a in (y, base, dynamic))
+    if y.ndim != 2 or base.ndim != 2 or dynamic.ndim != 3:
+        raise ShapeError(
+            f"grouped_conv: y [rows, H], base [k, H], dynamic [rows, k, H / gs], found "
+            f"{list(y.shape)}, {list(base.shape)}, {list(dynamic.shape)}"
+        )
+    rows, hidden = y.shape
+    k = base.shape[0]
+    if not isinstance(group_size, (int, np.integer)) or group_size < 1 or hidden % group_size:
+        raise ShapeError(f"grouped_conv: group_size {group_size!r} must divide H = {hidden}")
+    if base.shape[1] != hidden or dynamic.shape != (rows, k, hidden // group_size):
+        raise ShapeError(
+            f"grouped_conv: expected base [{k}, {hidden}] and dynamic "
+            f"[{rows}, {k}, {hidden // group_size}], found {list(base.shape)}, "
+            f"{list(dynamic.shape)}"
+        )
     coef = base[None] + np.repeat(dynamic, group_size, axis=-1)  # [rows, k, H]
     out = coef[:, 0] * y
     for t in range(1, min(base.shape[0], rows)):  # tap t reads the row t above
@@ -141,8 +156,19 @@ def top_candidates(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarr
     """The top_k largest logits of each row [nd, V] -> (values [nd, K], ids int64 [nd, K]),
     value descending; equal values in token id order, so the lower id wins a place at the
     K-th boundary too (a stable sort of -logits)."""
-    if not 1 <= top_k <= logits.shape[1]:
-        raise ShapeError(f"selector_top_k {top_k} outside [1, vocabulary {logits.shape[1]}]")
+    logits = np.asarray(logits)
+    if logits.ndim != 2 or logits.dtype.kind != "f":
+        raise ShapeError(
+            f"logits: expected float rows [nd, V], found {list(logits.shape)} {logits.dtype}"
+        )
+    if not np.isfinite(logits).all():  # a NaN sorts anywhere: no defined candidate set
+        raise ArgumentError("logits: must be finite")
+    if (
+        isinstance(top_k, (bool, np.bool_))
+        or not isinstance(top_k, (int, np.integer))
+        or not 1 <= top_k <= logits.shape[1]
+    ):
+        raise ShapeError(f"selector_top_k {top_k!r} outside [1, vocabulary {logits.shape[1]}]")
     ids = np.argsort(-logits, axis=1, kind="stable")[:, :top_k]
     return np.take_along_axis(logits, ids, axis=1), ids.astype(np.int64)
 

@@ -432,3 +432,32 @@ def test_load_dflash2_checkpoint(rng, tmp_path):
     got = d.propose_candidates(hidden, lm, 1, temperature=0.8, seed=2)
     assert got.candidates.shape == (cfg.block_size - 1, cfg.dflash2.selector_top_k)
     assert all(t in row for t, row in zip(got.tokens, got.candidates))
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (
+            lambda: dflash2.grouped_conv(np.ones((3, 8)), np.ones((2, 8)), np.ones((3, 2, 3)), 4),
+            ShapeError,
+            "dynamic",
+        ),
+        (
+            lambda: dflash2.grouped_conv(np.ones((3, 8)), np.ones((2, 8)), np.ones((3, 2, 2)), 3),
+            ShapeError,
+            "group_size",
+        ),
+        (
+            lambda: dflash2.grouped_conv(np.ones(8), np.ones((2, 8)), np.ones((3, 2, 2)), 4),
+            ShapeError,
+            "rows",
+        ),
+        (lambda: dflash2.top_candidates(np.array([[1.0, np.nan]]), 1), ArgumentError, "finite"),
+        (lambda: dflash2.top_candidates(np.ones((2, 4)), 5), ShapeError, "selector_top_k"),
+        (lambda: dflash2.top_candidates(np.ones((2, 4)), 2.0), ShapeError, "selector_top_k"),
+        (lambda: dflash2.top_candidates(np.ones(4), 2), ShapeError, "logits"),
+    ],
+)
+def test_the_helpers_check_their_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
