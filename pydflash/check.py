@@ -47,7 +47,6 @@ from .errors import (
     UnsupportedDeviceError,
     problem_lines,
 )
-from .io.checkpoint import MASK_EMBEDDING
 from .io.jsonio import brief
 from .model.envelope import geometry_problems, model_problems
 from .testing import TOLERANCE, random_inputs, rel
@@ -179,18 +178,9 @@ def kv_report(c: DflashCfg) -> None:
         print(f"{line}; {sizes}")
 
 
-def reference_of(ckpt: Checkpoint) -> ReferenceDraft:
-    """ReferenceDraft.load's drafter, from the checkpoint already open (that loader takes a
-    directory and would parse every header again)."""
-    weights = {n: ckpt.read(n) for n in ckpt.used_shapes()}
-    if ckpt.mask_embedding is not None:
-        weights[MASK_EMBEDDING] = ckpt.mask_embedding
-    return ReferenceDraft(ckpt.cfg, weights)
-
-
 def reference_check(ckpt: Checkpoint, rng: np.random.Generator) -> None:
     t0 = time.perf_counter()
-    ref = reference_of(ckpt)
+    ref = ReferenceDraft.from_checkpoint(ckpt)
     cfg = ref.cfg
     ctx = min(CTX_ROWS, 16)
     taps, noise, pos = random_inputs(cfg, ctx, rng)

@@ -178,10 +178,16 @@ class ReferenceDraft:
         the embed / lm_head copies, nor foreign tensors), each once, and mask_embedding.pt's
         rows."""
         with Checkpoint.open(ckpt_dir) as ckpt:
-            weights = {n: ckpt.read(n) for n in ckpt.used_shapes()}
-            if ckpt.mask_embedding is not None:
-                weights[MASK_EMBEDDING] = ckpt.mask_embedding
-            return cls(ckpt.cfg, weights, dtype)
+            return cls.from_checkpoint(ckpt, dtype)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, dtype: type = np.float32) -> ReferenceDraft:
+        """`load` from a checkpoint already open (its headers are not parsed again; it stays
+        open)."""
+        weights = {n: ckpt.read(n) for n in ckpt.used_shapes()}
+        if ckpt.mask_embedding is not None:
+            weights[MASK_EMBEDDING] = ckpt.mask_embedding
+        return cls(ckpt.cfg, weights, dtype)
 
     # -- input checks (pydflash.checks: the rules of the GPU entry points) -----------------
     def _rows(self, name: str, a: np.ndarray, rows: int, cols: int) -> np.ndarray:
