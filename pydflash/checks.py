@@ -252,13 +252,7 @@ SUM_TOL = 2.0**-20  # |row sum - 1| a normalised float32 row may show, per entry
 def count_at_most(value: Any, name: str, most: int) -> int:
     """An integer count in [0, most] (bool and floats refused): the bound keeps a host call's
     work finite, so a huge count is refused rather than allocated."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ArgumentError(
-            f"{name}: expected an integer count in [0, {most}], found {brief(value)}"
-        )
-    if not 0 <= value <= most:
-        raise ArgumentError(f"{name}: {brief(value)} outside [0, {most}]")
-    return int(value)
+    return philox.integer_in(value, name, 0, most)
 
 
 def threshold(value: Any, name: str = "threshold") -> float:

@@ -42,8 +42,9 @@ def _shown(value: int | np.integer) -> str:
     return str(v) if v.bit_length() <= 128 else f"<an integer of {v.bit_length()} bits>"
 
 
-def _integer(value: object, name: str, lo: int, hi: int) -> int:
-    """An integer (Python or NumPy, not bool) in [lo, hi]."""
+def integer_in(value: object, name: str, lo: int, hi: int) -> int:
+    """An integer (Python or NumPy, not bool) in [lo, hi], else ArgumentError naming it (the
+    checks of pydflash.checks build on it)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ArgumentError(f"{name}: expected an integer in [{lo}, {hi}], found {value!r}")
     if not lo <= int(value) <= hi:
@@ -69,7 +70,7 @@ def philox4x32(ctr: np.ndarray, key: np.ndarray, rounds: int = ROUNDS) -> np.nda
     """Philox4x32-R of counters ctr [..., 4] under keys key [..., 2] (uint32, broadcast against
     each other) -> uint32 [..., 4]."""
     c, k = _words(ctr, "ctr", 4), _words(key, "key", 2)
-    rounds = _integer(rounds, "rounds", 1, MAX_ROUNDS)
+    rounds = integer_in(rounds, "rounds", 1, MAX_ROUNDS)
     try:
         np.broadcast_shapes(c.shape[:-1], k.shape[:-1])
     except ValueError:
@@ -119,10 +120,10 @@ def uniforms(
     """float32 [len(rows), cols]: the uniform of (stream, row, col) at (seed, offset) for each
     row of `rows` (an int n means range(n)) and col < cols — what the kernels draw."""
     seed, offset = check_seed(seed, "seed"), check_seed(offset, "offset")
-    stream = _integer(stream, "stream", 0, MAX_ROWS - 1)
-    cols = _integer(cols, "cols", 0, MAX_COLS)
+    stream = integer_in(stream, "stream", 0, MAX_ROWS - 1)
+    cols = integer_in(cols, "cols", 0, MAX_COLS)
     if isinstance(rows, (int, np.integer)) and not isinstance(rows, (bool, np.bool_)):
-        rows = range(_integer(rows, "rows", 0, MAX_ROWS))
+        rows = range(integer_in(rows, "rows", 0, MAX_ROWS))
     elif not isinstance(rows, range):  # a sequence of row indices
         items = np.asarray(rows)
         if items.ndim != 1 or (items.size and items.dtype.kind not in "iu"):
