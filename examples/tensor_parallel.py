@@ -16,6 +16,7 @@ device than its engine's (WrongDeviceError).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -60,7 +61,7 @@ def run(ckpt: Path, ranks: list[int], rounds: int, seed: int = 0) -> dict:
     with cp.cuda.Device(ranks[0]):
         embed = cp.asarray(rng.standard_normal((vocab, c.hidden), dtype=np.float32) * 0.5)
         lm_head = cp.asarray(
-            rng.standard_normal((vocab, c.hidden), dtype=np.float32) / np.sqrt(c.hidden)
+            rng.standard_normal((vocab, c.hidden), dtype=np.float32) / math.sqrt(c.hidden)
         )
     prompt = rng.integers(vocab, size=12)
     kv = d.new_kv(e, len(prompt) + rounds * c.block_size + c.block_size)

@@ -6,6 +6,7 @@ gets a line saying why."""
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import types
@@ -48,6 +49,8 @@ def test_wheel_runs_the_check_outside_the_checkout(tmp_path):
     env = {
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(tmp_path),
+        # packages installed with --user (ml_dtypes on some machines) stay visible
+        "PYTHONUSERBASE": site.getuserbase(),
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "PIP_NO_CACHE_DIR": "1",
     }
@@ -123,7 +126,9 @@ def test_the_checkpoint_is_opened_once(tmp_path, capsys, monkeypatch):
     for argv in ([str(path), "--cpu-only"], ["--cpu-only"], [str(path)]):
         opened.clear()
         code, out, err = run_main(argv, capsys)
-        assert code == 0 and not err and "reference    forward" in out, err
+        assert code == 0 and not err, err
+        # the reference runs on the CPU, or inside the GPU check where a device is here
+        assert "reference    forward" in out or "gpu vs ref   bf16" in out, out
         assert len(opened) == 1, opened
 
 
