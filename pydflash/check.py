@@ -48,7 +48,7 @@ from .errors import (
     problem_lines,
 )
 from .io.jsonio import brief
-from .model.envelope import geometry_problems, model_problems
+from .model.envelope import geometry_problems
 from .testing import TOLERANCE, random_inputs, rel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,14 +144,10 @@ def describe(ckpt: Checkpoint) -> None:
             f"unknown      {len(ckpt.unknown)} extra tensor(s), ignored: "
             f"{', '.join(ckpt.unknown[:8])}{' ...' if len(ckpt.unknown) > 8 else ''}"
         )
-    gpu_missing = model_problems(c)
-    if gpu_missing:  # no device layout to size: the GPU does not load this family yet
-        print(f"device memory not sized: {'; '.join(gpu_missing)}")
-    else:
-        print("device memory per precision (weights):")
-        for p in PRECISIONS:
-            total, round_bytes = precision_bytes(c, p)
-            print(f"  {p:6s} {gib(total)}  (read per forward_round: {gib(round_bytes)})")
+    print("device memory per precision (weights):")
+    for p in PRECISIONS:
+        total, round_bytes = precision_bytes(c, p)
+        print(f"  {p:6s} {gib(total)}  (read per forward_round: {gib(round_bytes)})")
     kv_report(c)
 
 
@@ -282,16 +278,11 @@ def run_checks(
 ) -> list[str]:
     """The reference forward where no GPU check holds it, then each precision on the GPU
     where this machine can; the precisions whose drafter differs from the reference."""
-    gpu_missing = model_problems(ckpt.cfg)  # a valid checkpoint the GPU cannot load yet
-    on_gpu = not cpu_only and not gpu_missing and cuda_available()
+    on_gpu = not cpu_only and cuda_available()
     if not on_gpu:
         reference_check(ckpt, rng)  # on a GPU, gpu_check holds the reference
     if cpu_only:
         not_checked(precisions, "--cpu-only")
-        return []
-    if gpu_missing:
-        print(f"gpu          not run: {'; '.join(gpu_missing)}")
-        not_checked(precisions, "the GPU does not run this drafter family yet")
         return []
     if not on_gpu:
         print("gpu          no CUDA device (or CuPy) here: CPU checks only")

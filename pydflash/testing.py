@@ -169,7 +169,7 @@ def check_paths(
     rnd_many = cp.asnumpy(draft.forward_round(e, many, cp.asarray(noise), pos[ctx:]))
 
     tokens_equal = None
-    if cfg.has_markov:
+    if cfg.has_markov or cfg.dflash2 is not None:  # the head's tables are indexed by token id
         vocab = cfg.vocab_size
     if vocab:
         lm = rng.standard_normal((vocab, cfg.hidden), dtype=np.float32) / np.float32(
@@ -183,7 +183,11 @@ def check_paths(
             ref.dtype.type,
             ref.kv_dtype,
         )
-        tokens_equal = bool(np.array_equal(got, plain.draft_tokens(rnd_one, lm, last)))
+        if cfg.dflash2 is not None:  # the candidate selector's walk chooses
+            expect_tokens = ref.propose_candidates(rnd_one, lm, last).tokens
+        else:
+            expect_tokens = plain.draft_tokens(rnd_one, lm, last)
+        tokens_equal = bool(np.array_equal(got, expect_tokens))
     many_err = rel(rnd_many, block)
     many_ok = np.array_equal(rnd_many, block) if same else many_err < PATH_ROUNDING[many.dtype]
     return PathReport(

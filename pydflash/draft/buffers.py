@@ -32,6 +32,11 @@ class KSplits:
     def __init__(self, e: Engine, layer: DflashLayer) -> None:
         self.ks_qkv, self.ks_kv = linear.k_splits(e, layer.qkv), linear.k_splits(e, layer.kv)
         self.ks_o, self.ks_down = linear.k_splits(e, layer.o), linear.k_splits(e, layer.down)
+        # DFlash2's kernel projections (0: none)
+        convs = (layer.attn_conv, layer.mlp_conv)
+        self.ks_conv_attn, self.ks_conv_mlp = (
+            0 if cw is None else linear.k_splits(e, cw.proj) for cw in convs
+        )
 
 
 class RoundBuffers(KSplits):
@@ -51,6 +56,9 @@ class RoundBuffers(KSplits):
     ff: Any
     kv_part: Any
     kv_xb: Any  # uint16, or None
+    xc: Any = None  # DFlash2: the conv of xn a sublayer reads,
+    conv_part: Any = None  # its kernel projection's split-K partials,
+    conv_d: Any = None  # and the per-row taps of the conv after the sublayer
 
     def __init__(
         self,
@@ -111,6 +119,18 @@ def _shapes(
             INGEST_CHUNK,
             2 * cfg.kv_dim,
         ),
+    } | _conv_shapes(cfg, layer, m, ks)
+
+
+def _conv_shapes(cfg: DflashCfg, layer: DflashLayer, m: int, ks: KSplits) -> dict[str, tuple]:
+    """A DFlash2 round's conv buffers over m rows (none for other drafters)."""
+    if cfg.dflash2 is None or layer.attn_conv is None:
+        return {}
+    width = layer.attn_conv.proj.out_features  # 2 * k * hidden / gs
+    return {
+        "xc": (m, cfg.hidden),
+        "conv_part": (max(ks.ks_conv_attn, ks.ks_conv_mlp), m, width),
+        "conv_d": (m, width // 2),
     }
 
 

@@ -41,6 +41,7 @@ from ..device.engine import Engine
 from ..device.kernel_cache import to_stderr
 from ..errors import ArgumentError, CapacityError, ShapeError
 from ..formats.tensor import GpuTensor
+from ..heads.selector import CandidateSelector, check_codebooks
 from ..io.checkpoint import Checkpoint
 from ..model.config import DflashCfg
 from ..model.envelope import check_geometry
@@ -97,8 +98,10 @@ class DflashDraft:
         vocab_map: tuple[Any, Any] | None = None,
         mask_rows: Any = None,
         policy: linear.Policy = linear.DEFAULT,
+        selector: CandidateSelector | None = None,
     ) -> None:
         self.cfg, self.layers, self.fc = cfg, layers, fc
+        self.selector = selector  # DFlash2's candidate selector (pydflash.heads.selector)
         self.hidden_norm, self.norm, self.markov = hidden_norm, norm, markov
         self.embed, self.lm_head, self.precision = embed, lm_head, precision
         self.confidence = confidence
@@ -112,7 +115,7 @@ class DflashDraft:
         self.net = DraftNetwork(cfg, layers, fc, hidden_norm, norm, precision, policy)
         with e.ordered():
             self._buf = RoundBuffers(e, cfg, layers[0], policy=policy)
-            self._step = DraftStep(e, cfg, markov, confidence, vocab_map)
+            self._step = DraftStep(e, cfg, markov, confidence, vocab_map, selector)
         # replay rounds, proposals, commits and batched rounds as captured graphs
         self.cuda_graphs = cuda_graphs
         self._graphs = GraphCache(cuda_graphs)
@@ -133,13 +136,15 @@ class DflashDraft:
         cuda_graphs: bool = True,
         policy: linear.Policy = linear.DEFAULT,
         progress: Callable[[str], None] | None = to_stderr,
+        codebooks: str = "device",
     ) -> DflashDraft:
         """Load a checkpoint directory, or a Checkpoint already open (not parsed again), validated
-        in full (config, tensors, the supported envelope) before any GPU memory is touched; a
-        DFlash2 checkpoint is refused there with a GeometryError (its GPU path is not written yet:
-        pydflash.reference.ReferenceDraft runs it). cuda_graphs: replay rounds, proposals and
-        commits as captured CUDA graphs (False: plain launches). policy: kernel choices to force
-        (pydflash.linear.Policy; benchmarks), the dispatch table's by default.
+        in full (config, tensors, the supported envelope) before any GPU memory is touched.
+        cuda_graphs: replay rounds, proposals and commits as captured CUDA graphs (False: plain
+        launches). policy: kernel choices to force (pydflash.linear.Policy; benchmarks), the
+        dispatch table's by default. codebooks: where a DFlash2 drafter's selector codebooks
+        live, "device" (default) or "host" (mapped pinned host memory the walk reads over the
+        bus: 2 * V * rank * 2 bytes of device memory saved, pydflash.heads.selector).
 
         The kernel families the drafter may launch are compiled here, in parallel, or read
         from the engine's kernel cache (Engine(kernel_cache=...)): its first call compiles
@@ -151,11 +156,12 @@ class DflashDraft:
             raise ArgumentError(f"policy: expected a pydflash.linear.Policy, found {policy!r}")
         if precision not in PRECISIONS:
             raise ArgumentError(f"precision must be one of {PRECISIONS}, found {precision!r}")
+        check_codebooks(codebooks)
         ckpt = dir if isinstance(dir, Checkpoint) else Checkpoint.open(dir)  # validated on opening
         check_geometry(ckpt.cfg, str(ckpt.path))
         checks.require_runtime(e)
         attention.check_fits(e, ckpt.cfg.head_dim)
-        need = precision_bytes(ckpt.cfg, precision)[0]
+        need = precision_bytes(ckpt.cfg, precision, codebooks)[0]
         e.precompile(kernel_families(ckpt.cfg, precision, e.caps, policy), progress)
         with e.allocating(need, f"loading {ckpt.path} at {precision}"), e.ordered():
             return cls(
@@ -164,7 +170,7 @@ class DflashDraft:
                 precision=precision,
                 cuda_graphs=cuda_graphs,
                 policy=policy,
-                **load_weights(e, ckpt, precision),
+                **load_weights(e, ckpt, precision, codebooks),
             )
 
     @property
@@ -176,7 +182,7 @@ class DflashDraft:
         """Host float32 copies of every device weight, un-fused, under checkpoint names."""
         parts = (self.layers, self.fc, self.hidden_norm, self.norm, self.markov, self.confidence)
         d2t = None if self.vocab_map is None else self.vocab_map[0]
-        return host_weights(self.cfg, *parts, d2t, self.mask_rows)
+        return host_weights(self.cfg, *parts, d2t, self.mask_rows, self.selector)
 
     @property
     def kv_dtype(self) -> str:
@@ -364,12 +370,7 @@ class DflashDraft:
 
     def _draft_lm_head(self, e: Engine, lm_head: Any) -> GpuTensor:
         lm = resolve_lm_head(e, lm_head, self.lm_head, self.cfg.hidden)
-        mk = self._step.markov
-        if mk is not None and mk.w2.out_features != lm.out_features:
-            raise ShapeError(
-                f"lm_head: vocabulary {lm.out_features} != Markov head vocabulary "
-                f"{mk.w2.out_features}"
-            )
+        self._step.check_head_vocab(lm)
         return lm
 
     def set_rng(self, e: Engine, seed: int, offset: int = 0) -> None:

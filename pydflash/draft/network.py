@@ -4,7 +4,9 @@
     draft KV:      ingest(features) = per layer k/v projection, bias, k head-norm + RoPE, into
                    the cache; commit_rows: the same for a commit's staged rows, read on the device
     block round:   round(noise) = the decoder layers over the block rows against the cached ctx
-                   K/V, then the final norm
+                   K/V, then the final norm; a DFlash2 drafter wraps each sublayer in its conv
+                   (the kernel projection and the conv before it, the conv fused into the
+                   residual norm after it)
 
 Nothing here checks arguments or reads a per-call value on the host: DflashDraft checks, stages
 and calls these (eagerly or inside a captured CUDA graph, pydflash.draft.graphs).
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import linear
-from ..ops import attention, norm, qkv_rope
+from ..ops import attention, conv, norm, qkv_rope
 from ..ops.elementwise import scatter_block_pos
 from ..ops.seqs import Seqs
 
@@ -189,9 +191,9 @@ class DraftNetwork:
             out_b=xn_b,
         )
         for li, layer in enumerate(self.layers):
-            project(
-                e, layer.qkv, buf.xn, m, buf.qkv_part, ksplit=buf.ks_qkv, split_stride=qkv_stride
-            )
+            # DFlash2: q and the block's K/V see the conv of the normed rows
+            xin = self._conv_in(e, project, layer.attn_conv, buf.ks_conv_attn, buf, m)
+            project(e, layer.qkv, xin, m, buf.qkv_part, ksplit=buf.ks_qkv, split_stride=qkv_stride)
             # q heads -> buf.q; block K/V -> the scratch rows at len (read on the device)
             qkv_rope.qkv_norm_rope(
                 e,
@@ -246,36 +248,100 @@ class DraftNetwork:
             )
             # x += o(attn) + o_bias; xn = post_attention_layernorm(x)
             project(e, layer.o, buf.attn, m, buf.x_part, ksplit=buf.ks_o, split_stride=x_stride)
-            norm.residual_rms_norm(
+            self._residual_norm(
                 e,
+                buf,
                 buf.xn,
                 layer.post_attention_layernorm,
                 m,
-                h,
-                c.eps,
-                resid_in=buf.x,
-                part=buf.x_part,
-                n_split=buf.ks_o,
-                split_stride=x_stride,
-                bias=layer.o_bias,
-                resid_out=buf.x,
-                out_b=xn_b,
+                buf.ks_o,
+                layer.o_bias,
+                layer.attn_conv,
+                xn_b,
             )
-            project(e, layer.gate_up, buf.xn, m, buf.ff, "silu_mul")
+            xin = self._conv_in(e, project, layer.mlp_conv, buf.ks_conv_mlp, buf, m)
+            project(e, layer.gate_up, xin, m, buf.ff, "silu_mul")
             # x += down(ff); xn = the next layer's input_layernorm(x), or the final norm
             project(e, layer.down, buf.ff, m, buf.x_part, ksplit=buf.ks_down, split_stride=x_stride)
             last = li + 1 == len(self.layers)
-            norm.residual_rms_norm(
+            self._residual_norm(
                 e,
+                buf,
                 buf.out if last else buf.xn,
                 self.norm if last else self.layers[li + 1].input_layernorm,
                 m,
-                h,
-                c.eps,
-                resid_in=buf.x,
-                part=buf.x_part,
-                n_split=buf.ks_down,
-                split_stride=x_stride,
-                resid_out=buf.x,
-                out_b=None if last else xn_b,
+                buf.ks_down,
+                None,
+                layer.mlp_conv,
+                None if last else xn_b,
             )
+
+    def _conv_in(
+        self, e: Engine, project: Callable[..., None], cw: Any, ks: int, buf: RoundBuffers, m: int
+    ) -> Any:
+        """The sublayer's input: buf.xn, or for DFlash2 (cw, the sublayer's ConvWeights)
+        conv(xn, base[0], D[:, 0]) into buf.xc, with D = the kernel projection of xn (its
+        second half kept in buf.conv_d for the conv after the sublayer)."""
+        if cw is None:
+            return buf.xn
+        c = self.cfg
+        d2 = c.dflash2
+        assert d2 is not None
+        stride = m * cw.proj.out_features
+        project(e, cw.proj, buf.xn, m, buf.conv_part, ksplit=ks, split_stride=stride)
+        conv.conv_in(
+            e,
+            buf.conv_part,
+            ks,
+            stride,
+            buf.xn,
+            cw.base,
+            m,
+            c.hidden,
+            d2.conv_kernel_size,
+            d2.conv_group_size,
+            c.block_size,
+            buf.xc,
+            buf.conv_d,
+        )
+        return buf.xc
+
+    def _residual_norm(
+        self,
+        e: Engine,
+        buf: RoundBuffers,
+        out: Any,
+        w: Any,
+        m: int,
+        ks: int,
+        bias: Any,
+        cw: Any,
+        out_b: Any,
+    ) -> None:
+        """x += the sublayer's output (its ks partials in buf.x_part, + bias), or for DFlash2
+        (cw given) the conv of it; out = RMSNorm(x) * w (out_b: its bf16 copy, or None)."""
+        c, h = self.cfg, self.cfg.hidden
+        common = dict(resid_in=buf.x, resid_out=buf.x, part=buf.x_part, n_split=ks, bias=bias)
+        if cw is None:
+            norm.residual_rms_norm(
+                e, out, w, m, h, c.eps, split_stride=m * h, out_b=out_b, **common
+            )
+            return
+        d2 = c.dflash2
+        assert d2 is not None
+        conv.conv_residual_rms_norm(
+            e,
+            out,
+            w,
+            m,
+            h,
+            c.eps,
+            split_stride=m * h,
+            d=buf.conv_d,
+            base=cw.base,
+            k=d2.conv_kernel_size,
+            gs=d2.conv_group_size,
+            block_rows=c.block_size,
+            out_b=out_b,
+            **common,
+        )

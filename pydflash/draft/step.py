@@ -17,7 +17,10 @@ Semantics (SPEC §6, §6b; pydflash.reference.ReferenceDraft.draft is the oracle
   a_k = prod_{i<=k} c_i, when the checkpoint has a confidence head;
 - a trimmed vocabulary (draft_vocab_size, d2t) drafts over its own lm_head's rows and returns
   target ids, draft id + d2t[draft id]; the distributions come spread over the target's
-  vocabulary (zero where no draft id lands).
+  vocabulary (zero where no draft id lands);
+- a DFlash2 drafter's candidate selector replaces the token choice: the K largest capped
+  logits of each row are its candidates, and the walk picks among them (pydflash.heads
+  .selector; the oracle ReferenceDraft.propose_candidates).
 
 Fusion: without a Markov head, one lm-head pass over all draft rows streams its logits into
 per-block Gumbel-max partials (linear.cu's SAMPLE epilogue) and a finish kernel picks the token
@@ -40,7 +43,10 @@ from ..errors import QuantizationError, ShapeError
 from ..formats.tensor import GpuTensor
 from ..heads import markov_kind
 from ..heads.markov import MarkovBuffers
+from ..heads.selector import CandidateSelector, SelectorBuffers
+from ..heads.selector import gpu_step as gpu_select
 from ..ops import sampling
+from ..ops import selector as select
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
@@ -57,6 +63,10 @@ class Proposal:
     token, softmax(z/T)[token] (1.0 when greedy: a point mass). probs: float32 [n_drafts, V],
     the draft distributions softmax(z/T) (one-hot when greedy), only when asked. confidence /
     survival: float32 [n_drafts], c_k and a_k = prod_{i<=k} c_i, only with a confidence head.
+    candidates / q_candidates: a DFlash2 drafter's candidate sets, int32 [n_drafts, K] (capped
+    logit descending, equal logits by the lower id) and the distributions each token was drawn
+    from over them, float32 [n_drafts, K] (one-hot when greedy); probs is then q_candidates
+    spread over the vocabulary (0 outside a slot's set).
     """
 
     tokens: Any
@@ -64,6 +74,8 @@ class Proposal:
     probs: Any = None
     confidence: Any = None
     survival: Any = None
+    candidates: Any = None
+    q_candidates: Any = None
 
 
 @dataclasses.dataclass
@@ -144,9 +156,10 @@ class DraftStep:
         markov: MarkovHead | None,
         confidence: ConfidenceHead | None = None,
         vocab_map: tuple[Any, Any] | None = None,
+        selector: CandidateSelector | None = None,
     ) -> None:
         self.cfg, self.markov, self.confidence = cfg, markov, confidence
-        self.vocab_map = vocab_map
+        self.vocab_map, self.selector = vocab_map, selector
         nd = self.nd = len(cfg.draft_rows())
         self.io = rt.upload(np.zeros(4 * nd + 5, np.int32))
         f = self.io.view(np.float32)
@@ -165,6 +178,8 @@ class DraftStep:
             self.markov_buffers = MarkovBuffers.allocate(
                 rt, self.markov_kind, markov.rank, cfg.hidden
             )
+        if selector is not None:
+            self.selector_buffers = SelectorBuffers(rt, selector, nd)
 
     # -- per-call state (host -> device, before the kernels) -------------------------------
     def stage(
@@ -192,6 +207,17 @@ class DraftStep:
     def set_rng(self, rt: Runtime, seed: int, offset: int) -> None:
         rt.copy_from_host(self.rng, philox.state_words(seed, offset))
 
+    def check_head_vocab(self, lm: GpuTensor) -> None:
+        """The heads after the lm_head index their tables by its token ids: same vocabulary."""
+        heads = []
+        if self.markov is not None:
+            heads.append(("Markov head vocabulary", self.markov.w2.out_features))
+        if self.selector is not None:
+            heads.append(("the candidate selector's codebooks'", self.selector.vocab))
+        for what, vocab in heads:
+            if vocab != lm.out_features:
+                raise ShapeError(f"lm_head: vocabulary {lm.out_features} != {what} {vocab}")
+
     def trimmed(self, lm: GpuTensor) -> bool:
         """Whether a step over `lm` maps ids through d2t: a trimmed vocabulary's own head."""
         return self.vocab_map is not None and lm.out_features == self.cfg.draft_vocab
@@ -205,7 +231,8 @@ class DraftStep:
             ws = self._ws[vocab] = _Workspace(
                 rt.empty((blocks, self.nd, 4), np.float32), rt.empty((blocks, self.nd), np.int32)
             )
-        if ws.logits is None and (want_probs or self.markov is not None):
+        head_reads_logits = self.markov is not None or self.selector is not None
+        if ws.logits is None and (want_probs or head_reads_logits):
             ws.logits = rt.empty((self.nd, vocab), np.float32)
         if ws.probs is None and want_probs:
             ws.probs = rt.empty((self.nd, vocab), np.float32)
@@ -224,7 +251,14 @@ class DraftStep:
         ws = self.workspace(rt, v, want_probs)
         h = hidden[r0 : r0 + nd]
         common = dict(params=self.params, rng=self.rng)
-        if mk is None:  # one fused pass: lm-head logits -> sampling partials
+        if self.selector is not None:  # capped logits once, then the selector on the device
+            linear.project_sample(rt, lm, h, nd, apply_cap=True, y=ws.logits, **common)
+            sb = self.selector_buffers
+            gpu_select(rt, self.selector, sb, h, ws.logits, self.ids, self.q, **common)
+            if want_probs:
+                k = self.selector.top_k
+                select.candidate_probs(rt, sb.q_rows, sb.candidates, nd, k, v, ws.probs)
+        elif mk is None:  # one fused pass: lm-head logits -> sampling partials
             linear.project_sample(
                 rt,
                 lm,
@@ -276,7 +310,7 @@ class DraftStep:
                     self.q[i : i + 1],
                     self.stats[2 * i : 2 * i + 2],
                 )
-        if want_probs:
+        if want_probs and self.selector is None:
             sampling.probs(rt, ws.logits, self.params, self.ids[1:], self.stats, ws.probs, nd, v)
         ch = self.confidence
         if ch is not None:
@@ -312,10 +346,16 @@ class DraftStep:
         probs = None
         if want_probs:
             probs = (ws.target_probs if ws.target_probs is not None else ws.probs).copy()
+        cands = q_cands = None
+        if self.selector is not None:
+            sb = self.selector_buffers
+            cands, q_cands = sb.candidates.copy(), sb.q_rows.copy()
         return Proposal(
             tokens=out[1 : nd + 1],
             q=f[nd + 1 : 2 * nd + 1],
             probs=probs,
             confidence=f[2 * nd + 1 : 3 * nd + 1] if conf else None,
             survival=f[3 * nd + 1 : 4 * nd + 1] if conf else None,
+            candidates=cands,
+            q_candidates=q_cands,
         )

@@ -18,6 +18,8 @@ from ..io.checkpoint import (
     CONF_B,
     CONF_W,
     D2T,
+    DFLASH2_ATTENTION_CONV,
+    DFLASH2_MLP_CONV,
     EMBED,
     LM_HEAD,
     MARKOV_W1,
@@ -25,6 +27,7 @@ from ..io.checkpoint import (
     MASK_EMBEDDING,
     SINK,
     Checkpoint,
+    dflash2_conv_names,
 )
 from ..model.config import DflashCfg
 
@@ -49,7 +52,17 @@ def kernel_families(cfg: DflashCfg, precision: str, caps: Caps, policy: linear.P
     """The kernel families a drafter of `cfg` at `precision` may launch on a device of `caps`:
     the ops its data flow runs, and the projection kernels the dispatch table may choose for
     each of its weight formats (DflashDraft.load compiles them together, in parallel)."""
-    from ..ops import attention, elementwise, markov, norm, qkv_rope, sampling, verify
+    from ..ops import (
+        attention,
+        conv,
+        elementwise,
+        markov,
+        norm,
+        qkv_rope,
+        sampling,
+        selector,
+        verify,
+    )
     from ..ops import quant as ops_quant
 
     fams = attention.families_for(cfg.head_dim, exact=precision == "f32")
@@ -57,6 +70,8 @@ def kernel_families(cfg: DflashCfg, precision: str, caps: Caps, policy: linear.P
     fams += [sampling.FAMILY, verify.FAMILY]
     if cfg.has_markov:
         fams.append(markov.FAMILY)
+    if cfg.dflash2 is not None:
+        fams += [conv.FAMILY, selector.FAMILY]
     formats = {format_for(precision, role) for role in ("attn", "mlp", "head")}
     if any(weight_format(f).scaled for f in formats):
         fams.append(ops_quant.FAMILY)  # weights quantized on the device at load
@@ -64,6 +79,16 @@ def kernel_families(cfg: DflashCfg, precision: str, caps: Caps, policy: linear.P
     for fmt in sorted(formats | {"f32"}):  # f32: the decode family's sampling / FFMA entries
         fams += linear.families(fmt, caps, sorted(ks), policy)
     return list({f.label: f for f in fams}.values())
+
+
+@dataclasses.dataclass
+class ConvWeights:
+    """A DFlash2 conv around one sublayer: base f32 [2, k, hidden] (the learned taps before
+    and after the sublayer) and the kernel projection [2 * k * hidden / gs, hidden] in the
+    sublayer's format (its per-row part of both sides' taps)."""
+
+    base: Any
+    proj: GpuTensor
 
 
 @dataclasses.dataclass
@@ -84,6 +109,8 @@ class DflashLayer:
     qkv_bias: Any = None
     o_bias: Any = None
     sink: Any = None  # f32 [n_head]: the learned sink logit of each query head, or None
+    attn_conv: ConvWeights | None = None  # DFlash2's convs around attention and the MLP
+    mlp_conv: ConvWeights | None = None
     kv: GpuTensor = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -119,8 +146,9 @@ class ConfidenceHead:
     with_markov: bool
 
 
-def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
-    """(device bytes of every weight, bytes one forward_round reads) at `precision`."""
+def precision_bytes(cfg: DflashCfg, precision: str, codebooks: str = "device") -> tuple[int, int]:
+    """(device bytes of every weight, bytes one forward_round reads) at `precision`; a DFlash2
+    selector's codebooks count where `codebooks` keeps them ("device", or "host": none)."""
 
     def size(role: str, n: int, k: int) -> int:
         f = weight_format(format_for(precision, role))  # whole blocks of a row (as loaded)
@@ -146,12 +174,26 @@ def precision_bytes(cfg: DflashCfg, precision: str) -> tuple[int, int]:
         total += kind.device_bytes(cfg.vocab_size, r, cfg.hidden, size("head", cfg.vocab_size, r))
     if cfg.confidence_head:
         total += 4 * (cfg.hidden + (cfg.markov_rank if cfg.confidence_with_markov else 0) + 1)
+    if cfg.dflash2 is not None:  # the convs read every round; the selector's hidden projection
+        d2 = cfg.dflash2
+        width = 2 * d2.conv_kernel_size * (cfg.hidden // d2.conv_group_size)
+        convs = size("attn", width, cfg.hidden) + size("mlp", width, cfg.hidden)
+        layer += convs
+        total += cfg.n_layer * (convs + 4 * 2 * 2 * d2.conv_kernel_size * cfg.hidden)
+        total += size("head", d2.selector_rank, cfg.hidden)
+        if codebooks == "device":
+            total += 2 * 2 * int(cfg.vocab_size or 0) * d2.selector_rank
     return total, cfg.n_layer * layer
 
 
-def load_weights(e: Runtime, ckpt: Checkpoint, precision: str) -> dict[str, Any]:
+def load_weights(
+    e: Runtime, ckpt: Checkpoint, precision: str, codebooks: str = "device"
+) -> dict[str, Any]:
     """Every device weight of a validated checkpoint, fused as the kernels want them (call
-    under the runtime's stream contract)."""
+    under the runtime's stream contract); a DFlash2 selector's codebooks where `codebooks`
+    says (pydflash.heads.selector)."""
+    from ..heads import selector
+
     cfg = ckpt.cfg
 
     def weight(names: Sequence[str], role: str, interleave: bool = False) -> GpuTensor:
@@ -168,6 +210,12 @@ def load_weights(e: Runtime, ckpt: Checkpoint, precision: str) -> dict[str, Any]
 
     def vec(*names: str) -> Any:
         return e.upload(np.concatenate([ckpt.read_f32(n).reshape(-1) for n in names]))
+
+    def conv(layer: int, name: str, role: str) -> ConvWeights | None:
+        if cfg.dflash2 is None:
+            return None
+        base, projection = dflash2_conv_names(layer, name)
+        return ConvWeights(e.upload(ckpt.read_f32(base)), weight([projection], role))
 
     bias = cfg.attention_bias
     layers = []
@@ -191,6 +239,8 @@ def load_weights(e: Runtime, ckpt: Checkpoint, precision: str) -> dict[str, Any]
                 else None,
                 o_bias=vec(a + "o_proj.bias") if bias else None,
                 sink=vec(p + SINK) if cfg.attention_sink else None,
+                attn_conv=conv(i, DFLASH2_ATTENTION_CONV, "attn"),
+                mlp_conv=conv(i, DFLASH2_MLP_CONV, "mlp"),
             )
         )
     markov = None
@@ -208,9 +258,13 @@ def load_weights(e: Runtime, ckpt: Checkpoint, precision: str) -> dict[str, Any]
     confidence = None
     if cfg.confidence_head:
         confidence = ConfidenceHead(vec(CONF_W), vec(CONF_B), cfg.confidence_with_markov)
+    candidates = None
+    if cfg.dflash2 is not None:
+        candidates = selector.load(e, ckpt, format_for(precision, "head"), codebooks)
     return {
         "layers": layers,
         "confidence": confidence,
+        "selector": candidates,
         "fc": weight(["fc.weight"], "attn"),
         "hidden_norm": vec("hidden_norm.weight"),
         "norm": vec("norm.weight"),
@@ -248,6 +302,7 @@ def host_weights(
     confidence: ConfidenceHead | None = None,
     d2t: Any = None,
     mask_rows: Any = None,
+    candidates: Any = None,
 ) -> dict[str, np.ndarray]:
     """Host float32 copies of every device weight, un-fused, under checkpoint names: exactly
     the values the kernels multiply by (quantization included); d2t as int64, the learned
@@ -277,7 +332,14 @@ def host_weights(
             w[a + "v_proj.bias"], w[a + "o_proj.bias"] = b[q + kv :], layer.o_bias.get()
         if layer.sink is not None:
             w[p + SINK] = layer.sink.get()
-    w.update(head_weights(markov, confidence))
+        for name, cw in (
+            (DFLASH2_ATTENTION_CONV, layer.attn_conv),
+            (DFLASH2_MLP_CONV, layer.mlp_conv),
+        ):
+            if cw is not None:
+                base, projection = dflash2_conv_names(i, name)
+                w[base], w[projection] = cw.base.get(), cw.proj.dequantize()
+    w.update(head_weights(markov, confidence, candidates))
     if d2t is not None:
         w[D2T] = d2t.get().astype(np.int64)
     if mask_rows is not None:
@@ -286,11 +348,16 @@ def host_weights(
 
 
 def head_weights(
-    markov: MarkovHead | None, confidence: ConfidenceHead | None
+    markov: MarkovHead | None, confidence: ConfidenceHead | None, candidates: Any = None
 ) -> dict[str, np.ndarray]:
-    """Host float32 copies of the draft-step heads only (Markov, confidence): what
-    ReferenceDraft.draft needs, without dequantizing the layers (cheap at any geometry)."""
+    """Host float32 copies of the draft-step heads only (Markov, confidence, DFlash2's
+    candidate selector): what ReferenceDraft.draft and propose_candidates need, without
+    dequantizing the layers (cheap at any geometry)."""
     w: dict[str, np.ndarray] = {}
+    if candidates is not None:
+        from ..heads import selector
+
+        w.update(selector.host_weights(candidates))
     if markov is not None:
         w[MARKOV_W1], w[MARKOV_W2] = markov.w1.dequantize(), markov.w2.dequantize()
         if markov.proj is not None:

@@ -2,8 +2,7 @@
 
 Each bound comes from a kernel's precondition (named beside it). `DflashDraft.load` checks them
 all before any GPU memory is touched and raises one GeometryError listing every violation, so
-an unsupported checkpoint is refused with its reason instead of computed wrongly. A drafter
-family whose GPU path is not written yet (DFlash2) is refused the same way. The README
+an unsupported checkpoint is refused with its reason instead of computed wrongly. The README
 "Supported envelope" section is this table in prose.
 """
 
@@ -18,22 +17,43 @@ TENSOR_CORE_HEAD_DIMS = (16, 32, 64, 128)
 MAX_GQA_GROUP = 128  # attention: G query heads x rows <= 128 per launch
 MAX_BLOCK_SIZE = 256  # one block of threads scatters the block positions
 MAX_VOCAB = 2**31 - 1  # token ids are int32
-DFLASH2_NOT_ON_GPU = (
-    "dflash2: a DFlash2 drafter (grouped conv + candidate selector): its GPU path is not "
-    "implemented yet; pydflash.reference.ReferenceDraft runs it"
-)
 
 
-def model_problems(cfg: DflashCfg) -> list[str]:
-    """The drafter families in `cfg` the GPU kernels do not run yet (the NumPy reference
-    does), as 'name: reason' lines (empty: the GPU runs it)."""
-    return [DFLASH2_NOT_ON_GPU] if cfg.dflash2 is not None else []
+def dflash2_problems(cfg: DflashCfg) -> list[str]:
+    """A DFlash2 head's sizes the conv and selector kernels cannot hold (conv.cu, selector.cu:
+    shared memory sized for every architecture)."""
+    from ..ops import conv, selector
+
+    d2 = cfg.dflash2
+    if d2 is None:
+        return []
+    problems = []
+    width = 2 * d2.conv_kernel_size * (cfg.hidden // d2.conv_group_size)
+    if width > conv.MAX_KERNEL_WIDTH:
+        problems.append(
+            f"conv_kernel_size: 2 * {d2.conv_kernel_size} taps x {cfg.hidden // d2.conv_group_size}"
+            f" groups = {width} per-row taps exceed {conv.MAX_KERNEL_WIDTH} (conv.cu's shared row)"
+        )
+    if d2.selector_rank > selector.MAX_RANK:
+        problems.append(
+            f"selector_rank: {d2.selector_rank} exceeds {selector.MAX_RANK} (selector.cu's walk)"
+        )
+    if d2.selector_top_k > selector.MAX_TOP_K:
+        problems.append(
+            f"selector_top_k: {d2.selector_top_k} exceeds {selector.MAX_TOP_K} (selector.cu's walk)"
+        )
+    elif cfg.vocab_size and selector.chunking(cfg.vocab_size, d2.selector_top_k) is None:
+        problems.append(
+            f"selector_top_k: {d2.selector_top_k} candidates of a {cfg.vocab_size}-token "
+            "vocabulary do not fit selector.cu's two top-K passes (48 KiB of shared memory)"
+        )
+    return problems
 
 
 def geometry_problems(cfg: DflashCfg) -> list[str]:
     """Every way `cfg` leaves the envelope, as 'name: reason' lines (empty: supported): a
-    drafter family without a GPU path (model_problems), then each dimension at fault."""
-    problems = model_problems(cfg)
+    DFlash2 head the conv and selector kernels cannot hold, then each dimension at fault."""
+    problems = dflash2_problems(cfg)
 
     def multiple(name: str, value: int, of: int, why: str) -> None:
         if value % of:

@@ -6,7 +6,18 @@ every entry point makes the runtime's."""
 from ..linear import decode as linear
 from ..linear import decode_v3 as linear_v3
 from ..linear import gemm, gemm_bf16act, gemm_quant
-from . import attention, elementwise, markov, norm, qkv_rope, quant, sampling, verify
+from . import (
+    attention,
+    conv,
+    elementwise,
+    markov,
+    norm,
+    qkv_rope,
+    quant,
+    sampling,
+    selector,
+    verify,
+)
 
 FAMILIES = tuple(
     m.FAMILY
@@ -20,6 +31,8 @@ FAMILIES = tuple(
         elementwise,
         sampling,
         markov,
+        conv,
+        selector,
         quant,
         verify,
     )

@@ -20,6 +20,7 @@ def ckpts(tmp_path_factory):
         "tiny": make_checkpoint(root / "tiny", "tiny", seed=21),
         "swa": make_checkpoint(root / "swa", "tiny-swa", seed=22),
         "dspark": make_checkpoint(root / "dspark", "tiny-dspark", seed=23),
+        "dflash2": make_checkpoint(root / "dflash2", "tiny-dflash2", seed=24),
     }
 
 
@@ -74,7 +75,7 @@ def _round_both(e, d, pool, slots, singles, seqs, rng):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "q4_0", "f32"])
-@pytest.mark.parametrize("name", ["tiny", "swa", "dspark"])
+@pytest.mark.parametrize("name", ["tiny", "swa", "dspark", "dflash2"])
 def test_batched_rounds_equal_single_rounds_bit_for_bit(engine, ckpts, rng, name, precision):
     from pydflash import DflashDraft
 
@@ -287,7 +288,7 @@ def _bf16_vs_single(e, d, n, lens, rng, cap):
     return max(errs)
 
 
-@pytest.mark.parametrize("name", ["tiny", "swa", "dspark"])
+@pytest.mark.parametrize("name", ["tiny", "swa", "dspark", "dflash2"])
 def test_bf16_activations_equal_single_rounds_to_rounding(engine, ckpts, rng, name):
     """Enough sequences that the stacked blocks take gemm_bf16act; ragged, past the window."""
     from pydflash import DflashDraft

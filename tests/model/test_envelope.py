@@ -6,7 +6,7 @@ import pytest
 
 from pydflash import DflashCfg, GeometryError
 from pydflash.model.config import Dflash2Cfg
-from pydflash.model.envelope import DFLASH2_NOT_ON_GPU, check_geometry, geometry_problems
+from pydflash.model.envelope import check_geometry, geometry_problems
 
 BASE = DflashCfg(
     hidden=2880,
@@ -60,22 +60,22 @@ def test_all_problems_in_one_error():
     assert "hidden 2888" in msg and "intermediate_size 100" in msg and "block_size 1000" in msg
 
 
-def test_dflash2_has_no_gpu_path_yet():
-    cfg = dataclasses.replace(BASE, dflash2=Dflash2Cfg())
-    assert geometry_problems(cfg) == [DFLASH2_NOT_ON_GPU]
-    with pytest.raises(GeometryError) as info:
+def test_dflash2_within_the_kernels_limits():
+    """The public DFlash2 heads fit; the conv's shared row, the walk's rank and candidate count
+    and the top-K passes' shared memory are each refused past their bound, all at once."""
+    assert (
+        geometry_problems(dataclasses.replace(BASE, dflash2=Dflash2Cfg(), vocab_size=248320)) == []
+    )
+    wide = Dflash2Cfg(
+        conv_kernel_size=64, conv_group_size=1, selector_rank=5000, selector_top_k=2000
+    )
+    cfg = dataclasses.replace(BASE, dflash2=wide, vocab_size=248320)
+    problems = geometry_problems(cfg)
+    assert len(problems) == 3, problems
+    assert "conv.cu's shared row" in problems[0] and "selector.cu's walk" in problems[1]
+    assert "selector_top_k: 2000 exceeds 1024" in problems[2]
+    many = dataclasses.replace(BASE, dflash2=Dflash2Cfg(selector_top_k=512), vocab_size=248320)
+    (problem,) = geometry_problems(many)
+    assert "do not fit selector.cu's two top-K passes" in problem
+    with pytest.raises(GeometryError, match="selector_rank: 5000 exceeds 4096"):
         check_geometry(cfg, "ckpt")
-    msg = str(info.value)
-    assert "DFlash2" in msg and "not implemented yet" in msg
-    assert "pydflash.reference.ReferenceDraft runs it" in msg
-
-
-def test_dflash_draft_load_refuses_dflash2_before_the_gpu(tmp_path):
-    """DflashDraft.load reads and checks the checkpoint, then refuses it before it touches the
-    engine (None here: nothing of it is used first), so no GPU is needed to see the refusal."""
-    from pydflash import DflashDraft
-    from tools.make_checkpoint import make_checkpoint
-
-    path = make_checkpoint(tmp_path / "c", "tiny-dflash2")
-    with pytest.raises(GeometryError, match="DFlash2 drafter .*ReferenceDraft runs it"):
-        DflashDraft.load(None, path)  # type: ignore[arg-type]

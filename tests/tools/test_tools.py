@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import check
 from tools import load_check
 from tools import make_checkpoint as mc
 
@@ -59,23 +58,15 @@ def test_load_check_valid_checkpoint(tmp_path, capsys):
     assert code == 0 and not err and "reference" in out
 
 
-def test_load_check_dflash2_reports_the_gpu_path_missing(tmp_path, capsys, monkeypatch):
-    """A valid DFlash2 checkpoint: the reference runs it, and on a GPU machine the report
-    says the GPU path is not implemented yet (exit 0: the checkpoint is not at fault)."""
+def test_load_check_dflash2_on_the_cpu(tmp_path, capsys):
+    """A DFlash2 checkpoint: its head described, its device memory sized per precision
+    (codebooks included), the reference run; the GPU check is the GPU suite's."""
     path = mc.make_checkpoint(tmp_path / "c", "tiny-dflash2")
-    monkeypatch.setattr(check, "cuda_available", lambda: True)  # the job lives in pydflash.check
-
-    def no_gpu_check(*args):
-        raise AssertionError("gpu_check ran for a DFlash2 checkpoint")
-
-    monkeypatch.setattr(check, "gpu_check", no_gpu_check)
-    code, out, err = run_main(load_check.main, [str(path)], capsys)
+    code, out, err = run_main(load_check.main, [str(path), "--cpu-only"], capsys)
     assert code == 0 and not err, err
     assert "heads        dflash2 conv 2 taps in groups of 16" in out
-    assert "reference    forward" in out
-    assert "gpu          not run: dflash2: a DFlash2 drafter" in out
-    assert "pydflash.reference.ReferenceDraft runs it" in out
-    assert "gpu vs ref   bf16 not checked: the GPU does not run this drafter family yet" in out
+    assert "device memory per precision" in out and "reference    forward" in out
+    assert "gpu vs ref   bf16 not checked: --cpu-only" in out
 
 
 @pytest.mark.parametrize(
