@@ -258,7 +258,17 @@ def bench_precision(
     draft_bytes = lm_bits.nbytes
     if d.markov is not None:
         draft_bytes += len(c.draft_rows()) * d.markov.w2.nbytes
+    if d.selector is not None:  # its hidden projection and the codebook rows a walk reads
+        nd, sel = len(c.draft_rows()), d.selector
+        draft_bytes += sel.hidden.nbytes + nd * (sel.top_k + 1) * sel.rank * 2
     rows.append((label, precision, f"draft_tokens V={vocab}", t_draft, draft_bytes, 0))
+    t_select = None
+    if d.selector is not None:
+        t_select = selector_time(cp, e, d, hidden, lm_bits, max(10, rounds // 4))
+        sel_bytes = sel.hidden.nbytes + nd * (sel.top_k + 1) * sel.rank * 2
+        rows.append(
+            (label, precision, "selector (top-K + walk)", t_select, sel_bytes, 2 * nd * vocab * 4)
+        )
     if propose:  # the whole round; the synthetic lm_head doubles as the embedding table
         for temp in (0.0, 0.7):
             t_prop = timed(
@@ -278,9 +288,41 @@ def bench_precision(
                     kv_bytes,
                 )
             )
+            if t_select is not None:
+                print(
+                    f"selector     T={temp}: top-K + hidden projection + walk {t_select:.3f} ms = "
+                    f"{100 * t_select / t_prop:.1f}% of propose ({t_prop:.3f} ms)"
+                )
         commit_host_time(cp, e, d, kv, ctx, lm_bits)
     print(f"loaded {precision} in {load_s:.2f} s; layer weights {d.weight_bytes / 1e9:.3f} GB")
     return rows
+
+
+def selector_time(cp, e, d, hidden, lm_bits, rounds: int) -> float:
+    """Median ms of a DFlash2 draft step's selector alone (the two top-K passes over the
+    capped logits, the hidden projection, the walk), after one draft step left its logits."""
+    from pydflash.heads.selector import gpu_step
+
+    d.draft_tokens(e, hidden, lm_bits, 1)  # the step's logits and staged values in place
+    step = d._step  # the drafter's step buffers: a benchmark looks inside
+    ws, rows = step.workspace(e, lm_bits.shape[0], False), d.cfg.draft_rows()
+    h = hidden[rows.start : rows.start + len(rows)]
+
+    def select() -> None:
+        with e.ordered():
+            gpu_step(
+                e,
+                d.selector,
+                step.selector_buffers,
+                h,
+                ws.logits,
+                step.ids,
+                step.q,
+                step.params,
+                step.rng,
+            )
+
+    return timed(cp, e.stream, select, rounds)
 
 
 def commit_host_time(cp, e, d, kv, ctx: int, lm_bits) -> None:

@@ -40,7 +40,7 @@ run() {  # run NAME CMD...: tee the output to $OUT/NAME.log, remember a failure
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/device.log"
 python3 -c "import cupy, numpy; from cupy_backends.cuda.libs import nvrtc; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'nvrtc', nvrtc.getVersion())" >> "$OUT/device.log"
 
-PRESETS=${PRESETS:-"qwen3-8b-b16 gemma4-31b gpt-oss-20b-b8 qwen3-4b-b16 qwen3.6-27b dspark-qwen3-8b-b7 dspark-qwen3-4b-b7 muse-glimmer-30b ornith-1.5-35b-a3b kimi-k2.5 kimi-k3.1-dspark tiny tiny-swa tiny-dspark"}
+PRESETS=${PRESETS:-"qwen3-8b-b16 gemma4-31b gpt-oss-20b-b8 qwen3-4b-b16 qwen3.6-27b dspark-qwen3-8b-b7 dspark-qwen3-4b-b7 muse-glimmer-30b ornith-1.5-35b-a3b kimi-k2.5 kimi-k3.1-dspark qwen3.8-27b-dflash2 muse-glimmer-30b-dflash2 tiny tiny-swa tiny-dspark tiny-dflash2"}
 for p in $PRESETS; do   # each preset written once (in parallel), shared by the tests and load_check
   [ -f "$CKPT/$p/config.json" ] || python3 tools/make_checkpoint.py "$CKPT/$p" --preset "$p" --seed 1 > "$OUT/make_checkpoint_$p.log" 2>&1 &
 done

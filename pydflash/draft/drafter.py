@@ -176,7 +176,7 @@ class DflashDraft:
     @property
     def weight_bytes(self) -> int:
         """Bytes of the layer weights one forward_round reads (fc is read by ingest only)."""
-        return sum(t.nbytes for la in self.layers for t in (la.qkv, la.o, la.gate_up, la.down))
+        return sum(t.nbytes for la in self.layers for t in la.round_weights)
 
     def reference_weights(self) -> dict[str, np.ndarray]:
         """Host float32 copies of every device weight, un-fused, under checkpoint names."""

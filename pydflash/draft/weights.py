@@ -118,6 +118,12 @@ class DflashLayer:
         self.kv = self.qkv.rows(q_dim, self.qkv.out_features)
 
     @property
+    def round_weights(self) -> list[GpuTensor]:
+        """The projections a round reads: q/k/v, o, gate/up, down and DFlash2's convs'."""
+        convs = [cw.proj for cw in (self.attn_conv, self.mlp_conv) if cw is not None]
+        return [self.qkv, self.o, self.gate_up, self.down, *convs]
+
+    @property
     def kv_bias(self) -> Any:
         return None if self.qkv_bias is None else self.qkv_bias[self.o.in_features :]
 

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.scale
 
 # every public drafter's geometry (tools/make_checkpoint.py PRESETS, each from its published
 # config): DFlash v1, DSpark, the sliding-window drafters (gemma's causal sliding layers,
-# Muse-Glimmer's bidirectional ones, Ornith's 4096 window), YaRN (gpt-oss, both Kimis)
+# Muse-Glimmer's bidirectional ones, Ornith's 4096 window), YaRN (gpt-oss, both Kimis),
+# DFlash2 (its conv and candidate selector)
 PUBLIC = [
     "qwen3-8b-b16",
     "qwen3-4b-b16",
@@ -27,6 +28,8 @@ PUBLIC = [
     "ornith-1.5-35b-a3b",
     "kimi-k2.5",
     "kimi-k3.1-dspark",
+    "qwen3.8-27b-dflash2",
+    "muse-glimmer-30b-dflash2",
 ]
 
 
