@@ -761,3 +761,45 @@ def test_verify_refuses_on_the_host_what_the_oracle_refuses():
         verify.speculative_accept(idle, [0], None, None, offset=2, u_accept=[0.5], u_sample=[0.5])
     with pytest.raises(ArgumentError, match="offset"):
         verify.speculative_accept(idle, [0], None, None, seed=1, offset=-1)
+
+
+def test_device_candidate_accept_refuses_on_the_host_first():
+    """pydflash.verify.candidate_accept's checks that need no device (the uniforms-or-seed rule,
+    host drafts and candidates: integers, [n, K] with 1 <= K <= 1024, ids in [0, 2^31)) come
+    before any device work: on a runtime that never started, any would fail."""
+    from pydflash import verify
+    from pydflash.device.runtime import Runtime
+
+    idle = Runtime.__new__(Runtime)
+    cand, u = [[0, 1]], dict(u_accept=[0.5], u_sample=[0.5, 0.5])
+
+    def call(draft=(0,), candidates=cand, **kw):
+        verify.candidate_accept(idle, list(draft), candidates, None, None, **kw)
+
+    with pytest.raises(ArgumentError, match="seed.*u_accept"):
+        call(seed=1, **u)
+    with pytest.raises(ArgumentError, match="offset.*u_accept"):
+        call(offset=2, **u)
+    with pytest.raises(ArgumentError, match="offset"):
+        call(seed=1, offset=-1)
+    with pytest.raises(ArgumentError, match="seed"):
+        call(seed=None)
+    with pytest.raises(ShapeError, match="both or neither"):
+        call(u_accept=[0.5])
+    with pytest.raises(ShapeError, match="draft: expected integers"):
+        call(draft=[0.5], seed=1)
+    with pytest.raises(ShapeError, match=r"draft: values must lie in \[0, 2\^31\)"):
+        call(draft=[-1], seed=1)
+    for bad, match in (
+        ([[0.0, 1.0]], "candidates: expected integer ids, found dtype float64"),
+        ([0, 1], r"candidates: expected integer ids \[1, K\]"),
+        ([[0, 1], [2, 3]], r"candidates: expected integer ids \[1, K\]"),
+        (np.zeros((1, 0), np.int64), r"1 <= K <= 1024, found shape \[1, 0\]"),
+        (np.zeros((1, 1025), np.int64), r"1 <= K <= 1024, found shape \[1, 1025\]"),
+        ([[0, -1]], r"candidates: values must lie in \[0, 2\^31\)"),
+        ([[0, 2**31]], r"candidates: values must lie in \[0, 2\^31\)"),
+        ("abc", "candidates: expected integer ids"),
+        ([[0], [1, 2]], "candidates: not an array"),
+    ):
+        with pytest.raises(ShapeError, match=match):
+            call(candidates=bad, seed=1)
