@@ -243,9 +243,9 @@ def candidate_accept(
     d = checks.host_int32(drafts, "drafts")
     n = d.size
     cand = checks.host_array(candidates, "candidates")
-    if cand.dtype.kind not in "iu" or cand.ndim != 2 or cand.shape[0] != n:
+    if cand.dtype.kind not in "iu" or cand.ndim != 2 or cand.shape[0] != n or cand.shape[1] < 1:
         raise ShapeError(
-            f"candidates: expected integer ids [{n}, K], found {cand.dtype} {list(cand.shape)}"
+            f"candidates: expected integer ids [{n}, K >= 1], found {cand.dtype} {list(cand.shape)}"
         )
     qa = checks.host_array(q_candidates, "q_candidates")
     if qa.shape != cand.shape:

@@ -18,7 +18,7 @@
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
 # sanitize: compute-sanitizer's memcheck, racecheck, initcheck and synccheck over
 #          tools/sanitize_round.py (every kind of call once, checked against the reference) on
-#          tiny, tiny-swa and tiny-dspark in every precision and one public geometry in bf16
+#          tiny, tiny-swa, tiny-dspark and tiny-dflash2 in every precision and one public geometry in bf16
 # profile: Nsight Compute's per-kernel time and DRAM bytes of one call (tools/profile_round.py)
 #          for issue 10's distances, and the stall reasons of the attention partial, the q4_0
 #          decode linear and the quantized ingest tile
@@ -106,7 +106,7 @@ if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in 
 fi
 if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
   for tool in memcheck racecheck initcheck synccheck; do
-    for p in tiny tiny-swa tiny-dspark; do
+    for p in tiny tiny-swa tiny-dspark tiny-dflash2; do
       run "sanitize_${tool}_$p" compute-sanitizer --tool "$tool" --error-exitcode 1 \
         python3 tools/sanitize_round.py --ckpt "$CKPT/$p" --precision f32 bf16 q8_0 q4_0 mixed --ctx 40
     done
