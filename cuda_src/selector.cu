@@ -6,32 +6,34 @@
 // never chosen): pydflash.reference.dflash2.top_candidates.
 #include "sampling.cuh"
 
+// (value, id, position) replaced by a larger value, or an equal one with a lower id (NaN never).
+__device__ __forceinline__ void take_better(float& bv, int& bi, int& at, float v, int id, int a) {
+    if (v > bv || (v == bv && id < bi)) {
+        bv = v;
+        bi = id;
+        at = a;
+    }
+}
+
+// The warp's best (value, id, position); every lane gets it.
+__device__ __forceinline__ void warp_argmax_at(float& bv, int& bi, int& at) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+        take_better(bv, bi, at, ov, oi, oa);
+    }
+}
+
 // The block's (value, index) argmax over n values of s_v / s_i in shared memory (NaN never
 // wins, ties: the lower index); every thread gets the winner's position in the arrays, or -1.
 __device__ __forceinline__ int block_argmax_at(const float* s_v, const int* s_i, int n,
                                                float* red_v, int* red_i, int* red_at) {
     float bv = NEG_INF;
     int bi = NO_INDEX, at = -1;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float v = s_v[j];
-        const int id = s_i[j];
-        if (v > bv || (v == bv && id < bi)) {
-            bv = v;
-            bi = id;
-            at = j;
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        const int oa = __shfl_xor_sync(0xffffffffu, at, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-            bv = ov;
-            bi = oi;
-            at = oa;
-        }
-    }
+    for (int j = threadIdx.x; j < n; j += blockDim.x) take_better(bv, bi, at, s_v[j], s_i[j], j);
+    warp_argmax_at(bv, bi, at);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();  // red_* of an earlier call are read
     if (lane == 0) {
@@ -43,17 +45,7 @@ __device__ __forceinline__ int block_argmax_at(const float* s_v, const int* s_i,
     bv = lane < nw ? red_v[lane] : NEG_INF;
     bi = lane < nw ? red_i[lane] : NO_INDEX;
     at = lane < nw ? red_at[lane] : -1;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        const int oa = __shfl_xor_sync(0xffffffffu, at, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-            bv = ov;
-            bi = oi;
-            at = oa;
-        }
-    }
+    warp_argmax_at(bv, bi, at);
     return bi == NO_INDEX ? -1 : at;
 }
 
