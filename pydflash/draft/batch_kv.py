@@ -231,7 +231,15 @@ class DflashBatchKv:
         back: list[int | None] = [None] * len(ids)
         if rollback_to is None:
             return back
-        rb = list(rollback_to)
+        try:
+            if isinstance(rollback_to, (str, bytes)):
+                raise TypeError
+            rb = list(rollback_to)
+        except TypeError:
+            raise ShapeError(
+                "rollback_to: expected one int or None per slot (a sequence), found "
+                f"{type(rollback_to).__name__}"
+            ) from None
         if len(rb) != len(ids):
             raise ShapeError(f"rollback_to: {len(rb)} entries for {len(ids)} slots")
         for i, (s, r) in enumerate(zip(ids, rb)):

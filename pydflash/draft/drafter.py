@@ -196,10 +196,19 @@ class DflashDraft:
         """A DflashKv for this drafter: `dtype` None = kv_dtype; rings (pydflash.draft.kv)."""
         return DflashKv(e, self.cfg, cap, self.kv_dtype if dtype is None else dtype, rings=rings)
 
-    def _check(self, e: Engine, kv: DflashKv | None = None) -> None:
+    def _check(self, e: Engine) -> None:
         checks.same_engine(e, self.device, self.stream_ptr)
-        if kv is not None:
-            checks.kv_usable(kv, self.cfg, self.device, self.stream_ptr)
+
+    def _check_kv(self, e: Engine, kv: Any) -> None:
+        """e is this drafter's engine and kv a live DflashKv for it (None, a pool or any other
+        object is refused here, before it is read)."""
+        self._check(e)
+        if not isinstance(kv, DflashKv):
+            raise ShapeError(
+                f"kv: expected a DflashKv (a DflashBatchKv slot: pool.slot(i)), found "
+                f"{type(kv).__name__}"
+            )
+        checks.kv_usable(kv, self.cfg, self.device, self.stream_ptr)
 
     # -- the data flow -----------------------------------------------------------------------
     def ctx_features(self, e: Engine, taps: Any, t: int, *, big: bool | None = None) -> Any:
@@ -229,7 +238,7 @@ class DflashDraft:
         come first."""
         checks.require_runtime(e)
         with e.ordered():
-            self._check(e, kv)
+            self._check_kv(e, kv)
             c = self.cfg
             f = checks.f32_rows(e, feats, "feats", checks.count(t, "t"), c.hidden)
             kv.check_room(t, "ingest_ctx")
@@ -264,7 +273,7 @@ class DflashDraft:
         out: Any,
         capture: bool,
     ) -> Any:
-        self._check(e, kv)
+        self._check_kv(e, kv)
         c, buf = self.cfg, self._buf
         noise = checks.f32_rows(e, noise_emb, "noise_emb", c.block_size, c.hidden)
         out = checks.out_rows(e, out, "out", c.block_size, c.hidden)
@@ -420,7 +429,7 @@ class DflashDraft:
         arrays (copies of the drafter's buffers)."""
         checks.require_runtime(e)
         with e.ordered():
-            self._check(e, kv)
+            self._check_kv(e, kv)
             c, step = self.cfg, self._step
             table = self._embed_table(e, embed)
             lm = self._draft_lm_head(e, lm_head)
@@ -504,7 +513,7 @@ class DflashDraft:
         Everything is checked before anything changes."""
         checks.require_runtime(e)
         with e.ordered():
-            self._check(e, kv)
+            self._check_kv(e, kv)
             c = self.cfg
             t = checks.count(t, "t")
             x = checks.f32_rows(e, taps, "taps", t, c.tap_width)

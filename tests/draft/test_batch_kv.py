@@ -66,3 +66,40 @@ def test_a_retired_slot_and_another_engine_are_refused(tmp_path):
     checks.same_engine(e, 0, 1234)
     with pytest.raises(ShapeError, match="not the engine"):
         checks.same_engine(e, 0, 5678)
+
+
+def test_a_kv_argument_that_is_not_a_dflashkv_is_refused_before_it_is_read(tmp_path):
+    """DflashDraft's kv-taking entry points (ingest_ctx, forward_round, propose, commit) check
+    the kv's type first: None, a whole pool or any other object raise ShapeError naming kv,
+    never an AttributeError from inside the call."""
+    import types
+
+    from pydflash import Checkpoint
+    from pydflash.draft.batch_kv import DflashBatchKv
+    from pydflash.draft.drafter import DflashDraft
+    from pydflash.draft.kv import DflashKv
+    from pydflash.errors import ShapeError
+
+    cfg = Checkpoint.open(make_checkpoint(tmp_path / "c", "tiny", seed=5)).cfg
+    d = DflashDraft.__new__(DflashDraft)  # the checks read cfg, device and stream only
+    d.cfg, d.device, d.stream_ptr = cfg, 0, 1234
+    e = types.SimpleNamespace(ordinal=0, stream=types.SimpleNamespace(ptr=1234))
+    kv = DflashKv.__new__(DflashKv)
+    kv.cfg, kv.device, kv.stream_ptr = cfg, 0, 1234
+    d._check_kv(e, kv)
+    for bad in (None, DflashBatchKv.__new__(DflashBatchKv), "kv", 3):
+        with pytest.raises(ShapeError, match=r"kv: expected a DflashKv.*found " + type(bad).__name__):
+            d._check_kv(e, bad)
+
+
+def test_rollback_to_that_is_not_a_sequence_is_refused():
+    from pydflash.draft.batch_kv import DflashBatchKv
+    from pydflash.errors import ShapeError
+
+    pool = DflashBatchKv.__new__(DflashBatchKv)  # the type check runs before any slot is read
+    assert pool.check_rollbacks([0, 1], None) == [None, None]
+    for bad in (5, 2.5, "ab", b"ab", object()):
+        with pytest.raises(ShapeError, match="rollback_to: expected one int or None per slot"):
+            pool.check_rollbacks([0, 1], bad)
+    with pytest.raises(ShapeError, match="rollback_to: 1 entries for 2 slots"):
+        pool.check_rollbacks([0, 1], [None])
