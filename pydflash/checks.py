@@ -377,9 +377,15 @@ def same_engine(e: Any, device: int, stream_ptr: int) -> None:
         )
 
 
-def kv_usable(kv: Any, cfg: DflashCfg, device: int, stream_ptr: int, name: str = "kv") -> None:
-    """A DflashKv (or a DflashBatchKv, name "pool") a drafter may use: live (not a removed
-    pool slot), built for its geometry, made on its engine."""
+def kv_usable(
+    kv: Any, cfg: DflashCfg, device: int, stream_ptr: int, kind: type, name: str = "kv"
+) -> None:
+    """A DflashKv (or a DflashBatchKv, name "pool") a drafter may use: of that kind (None or
+    any other object refused before it is read), live (not a removed pool slot), built for
+    its geometry, made on its engine."""
+    if not isinstance(kv, kind):
+        slot = " (a DflashBatchKv slot: pool.slot(i))" if name == "kv" else ""
+        raise ShapeError(f"{name}: expected a {kind.__name__}{slot}, found {type(kv).__name__}")
     if getattr(kv, "retired", False):
         raise ShapeError(f"{name}: a slot removed from its DflashBatchKv (add() a new one)")
     kv_matches(kv.cfg, cfg, name)

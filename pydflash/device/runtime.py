@@ -500,9 +500,15 @@ class Runtime:
                     f"non-zero int (protocol v3), found {producer!r}"
                 )
             self.wait_for_stream(producer)
+        data = cai.get("data")
+        if not (isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], int)):
+            raise ShapeError(f"{name}: __cuda_array_interface__ data must be (pointer, read-only)")
         size = int(np.prod(cai["shape"])) * dtype.itemsize
+        if data[0] == 0 and size:
+            raise ShapeError(f"{name}: a null __cuda_array_interface__ pointer for {size} bytes")
         with self.device:
-            mem = cp.cuda.UnownedMemory(cai["data"][0], size, obj)
+            # the device named: CuPy cannot infer it from an empty array's null pointer
+            mem = cp.cuda.UnownedMemory(data[0], size, obj, device_id=self.ordinal)
             return cp.ndarray(
                 tuple(cai["shape"]), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0)
             )

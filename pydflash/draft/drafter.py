@@ -200,15 +200,8 @@ class DflashDraft:
         checks.same_engine(e, self.device, self.stream_ptr)
 
     def _check_kv(self, e: Engine, kv: Any) -> None:
-        """e is this drafter's engine and kv a live DflashKv for it (None, a pool or any other
-        object is refused here, before it is read)."""
         self._check(e)
-        if not isinstance(kv, DflashKv):
-            raise ShapeError(
-                f"kv: expected a DflashKv (a DflashBatchKv slot: pool.slot(i)), found "
-                f"{type(kv).__name__}"
-            )
-        checks.kv_usable(kv, self.cfg, self.device, self.stream_ptr)
+        checks.kv_usable(kv, self.cfg, self.device, self.stream_ptr, DflashKv)
 
     # -- the data flow -----------------------------------------------------------------------
     def ctx_features(self, e: Engine, taps: Any, t: int, *, big: bool | None = None) -> Any:
@@ -257,7 +250,7 @@ class DflashDraft:
         out: Any = None,
     ) -> Any:
         """Block forward over the cached ctx K/V. The block's K/V land in the scratch rows
-        [len, len+b) and are never committed. Returns [b, hidden] (`out` if given).
+        [len, len+b) and are never committed. Returns a CuPy [b, hidden] (a view of `out`).
         From the second round on a DflashKv it replays a captured CUDA graph: the kernels
         read len and the block positions on the device, so the graph serves every len."""
         checks.require_runtime(e)
@@ -597,10 +590,8 @@ class DflashDraft:
         )
 
     def _check_pool(self, e: Engine, pool: Any) -> DflashBatchKv:
-        if not isinstance(pool, DflashBatchKv):
-            raise ShapeError(f"pool: expected a DflashBatchKv, found {type(pool).__name__}")
         self._check(e)  # e is the drafter's engine: the pool must be made on it too
-        checks.kv_usable(pool, self.cfg, e.ordinal, e.stream.ptr, "pool")
+        checks.kv_usable(pool, self.cfg, e.ordinal, e.stream.ptr, DflashBatchKv, "pool")
         return pool
 
     # -- ctx rows ------------------------------------------------------------------------------
@@ -689,11 +680,11 @@ class DflashDraft:
     ) -> Any:
         """One round over B = len(slots) sequences: noise_emb [B, b, hidden] (or [B*b,
         hidden]), pos_blocks [B, b] host ints (each sequence's block positions; after its
-        last committed row when its sliding layers keep rings). Returns [B, b, hidden]
-        (`out` if given). activations: "f32" (each sequence equals its single round bit for
-        bit) or "bf16" (the bf16 linears of buckets of >= linear.dispatch.BF16ACT_ROWS rows round
-        their activations to bf16: much faster at large B, equal to rounding). See the
-        module docstring."""
+        last committed row when its sliding layers keep rings). Returns a CuPy [B, b, hidden]
+        (a view of `out` if given). activations: "f32" (each sequence equals its single round
+        bit for bit) or "bf16" (the bf16 linears of buckets of >= linear.dispatch.BF16ACT_ROWS
+        rows round their activations to bf16: much faster at large B, equal to rounding). See
+        the module docstring."""
         checks.require_runtime(e)
         with e.ordered():
             pool = self._check_pool(e, pool)
@@ -732,7 +723,7 @@ class DflashDraft:
             key = ("batch", size, activations)
             self._graphs.run(e, pool, key, lambda: self.net.round(e, pool, self._buf, br))
             res[...] = br.buf.out[: n * b]
-            return res.reshape(n, b, c.hidden) if out is None else out
+            return res.reshape(n, b, c.hidden)
 
     def _pool_rounds(self, e: Engine, pool: DflashBatchKv) -> PoolRounds:
         rounds = self._batch_rounds.get(pool)

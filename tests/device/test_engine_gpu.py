@@ -375,3 +375,34 @@ def test_bad_arguments_raise_before_launch(engine, rng):
         e.attention(e.empty((1, 48)), e.empty((2, 48)), e.empty((2, 48)), [0], [0, 1], 1, 1, 48)
     with pytest.raises(ShapeError, match="pos"):
         e.rope_neox(e.empty((2, 32)), [0, -1], 2, 16, 1e4)
+
+
+class _Interface:
+    """A foreign array: only __cuda_array_interface__ v3 (as Numba or a custom stack hands it)."""
+
+    def __init__(self, ptr, shape, typestr="<f4", data=None):
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "data": (ptr, False) if data is None else data,
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
+
+
+def test_array_interface_empty_null_pointer_and_malformed_data(engine, rng):
+    """An empty array may carry a null pointer (CuPy alone cannot place it on a device: the
+    engine names its own); a null pointer for bytes, or data that is not (pointer, flag),
+    is refused by name."""
+    empty = engine.as_device_array(_Interface(0, (0, 64)), "taps")
+    assert empty.shape == (0, 64) and empty.dtype == np.float32
+    assert empty.device.id == engine.ordinal
+    src = cp.asarray(rng.standard_normal((3, 5), dtype=np.float32))
+    got = engine.as_device_array(_Interface(src.data.ptr, (3, 5)), "taps")
+    np.testing.assert_array_equal(cp.asnumpy(got), cp.asnumpy(src))
+    with pytest.raises(ShapeError, match="taps: a null __cuda_array_interface__ pointer for 60"):
+        engine.as_device_array(_Interface(0, (3, 5)), "taps")
+    for data in ("x", (1,), ("1", False)):
+        with pytest.raises(ShapeError, match="taps: __cuda_array_interface__ data must be"):
+            engine.as_device_array(_Interface(0, (3, 5), data=data), "taps")

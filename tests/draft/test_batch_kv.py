@@ -55,13 +55,13 @@ def test_a_retired_slot_and_another_engine_are_refused(tmp_path):
     cfg = Checkpoint.open(make_checkpoint(tmp_path / "c", "tiny", seed=4)).cfg
     kv = DflashKv.__new__(DflashKv)  # the bookkeeping of a slot view, no device arrays
     kv.cfg, kv.device, kv.stream_ptr = cfg, 0, 1234
-    checks.kv_usable(kv, cfg, 0, 1234)
+    checks.kv_usable(kv, cfg, 0, 1234, DflashKv)
     for device, stream in ((1, 1234), (0, 99)):
         with pytest.raises(ShapeError, match="another engine"):
-            checks.kv_usable(kv, cfg, device, stream)
+            checks.kv_usable(kv, cfg, device, stream, DflashKv)
     kv.retired = True  # DflashBatchKv.remove does this
     with pytest.raises(ShapeError, match="removed from its DflashBatchKv"):
-        checks.kv_usable(kv, cfg, 0, 1234)
+        checks.kv_usable(kv, cfg, 0, 1234, DflashKv)
     e = types.SimpleNamespace(ordinal=0, stream=types.SimpleNamespace(ptr=1234))
     checks.same_engine(e, 0, 1234)
     with pytest.raises(ShapeError, match="not the engine"):
@@ -88,7 +88,8 @@ def test_a_kv_argument_that_is_not_a_dflashkv_is_refused_before_it_is_read(tmp_p
     kv.cfg, kv.device, kv.stream_ptr = cfg, 0, 1234
     d._check_kv(e, kv)
     for bad in (None, DflashBatchKv.__new__(DflashBatchKv), "kv", 3):
-        with pytest.raises(ShapeError, match=r"kv: expected a DflashKv.*found " + type(bad).__name__):
+        found = r"kv: expected a DflashKv.*found " + type(bad).__name__
+        with pytest.raises(ShapeError, match=found):
             d._check_kv(e, bad)
 
 

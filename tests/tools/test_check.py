@@ -36,6 +36,16 @@ def run_main(argv, capsys, **kwargs):
     return code, out, err
 
 
+def dependency_folders() -> list[str]:
+    """The import roots of the wheel's dependencies in this interpreter, never the checkout."""
+    import ml_dtypes
+    import numpy
+    import safetensors
+
+    roots = {str(Path(m.__file__).resolve().parents[1]) for m in (ml_dtypes, numpy, safetensors)}
+    return sorted(r for r in roots if Path(r) != REPO)
+
+
 def test_wheel_runs_the_check_outside_the_checkout(tmp_path):
     """The wheel, installed in a fresh venv (numpy, safetensors, ml_dtypes from this machine),
     checks its own synthetic checkpoint from a folder outside the checkout, with the installed
@@ -51,6 +61,9 @@ def test_wheel_runs_the_check_outside_the_checkout(tmp_path):
         "HOME": str(tmp_path),
         # packages installed with --user (ml_dtypes on some machines) stay visible
         "PYTHONUSERBASE": site.getuserbase(),
+        # and so do the folders this interpreter finds the dependencies in (a machine may
+        # provide them through PYTHONPATH, which the venv does not inherit)
+        "PYTHONPATH": os.pathsep.join(dependency_folders()),
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "PIP_NO_CACHE_DIR": "1",
     }
