@@ -9,7 +9,8 @@
 # scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
 #          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step), in
 #          SCALE_SHARDS (5) parallel pytest processes
-# checks:  load_check of every preset (bf16 and q8_0, ctx 4096), the soak, bench_round
+# checks:  load_check of every preset (bf16 and q8_0, ctx 4096), the soaks (one sequence;
+#          batched rounds over a churning pool, spot-checked against the reference), bench_round
 # kernels: bench_linear (decode linear vs its floor), bench_attention, bench_kernels,
 #          bench_stream (the linears' weight tile order read alone, row-major against tiled)
 # bench:   bench_round at ctx 4096 (qwen3-8b with --propose, gemma4-31b) and bench_kernels
@@ -82,6 +83,7 @@ if [ "$PART" = checks ] || [ "$PART" = all ]; then
     run "load_check_$p" python3 tools/load_check.py "$CKPT/$p" --precision bf16 q8_0 --ctx 4096
   done
   run soak python3 tools/soak.py --preset tiny --rounds 100000 --window 20000
+  run soak_churn python3 tools/soak.py --churn --preset tiny --rounds 100000
   run bench_qwen python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --propose
   run bench_gemma python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 4096
 fi
@@ -146,6 +148,6 @@ for f in "$OUT"/tests_[0-9]*.log; do [ -f "$f" ] && echo "tests $(basename "$f")
 [ -f "$OUT/scale.log" ] && grep -h -E "^SCALE" "$OUT/scale.log" | cut -c1-200 | head -20
 [ -f "$OUT/failed.log" ] && cat "$OUT/failed.log"
 grep -h -E "gpu vs ref|gpu timing|INVALID|Error" "$OUT"/load_check_*.log 2>/dev/null | cut -c1-220
-grep -h -E "^soak" "$OUT/soak.log" 2>/dev/null
+grep -h -E "^soak" "$OUT/soak.log" "$OUT/soak_churn.log" 2>/dev/null
 grep -h -E "forward_round|ingest|draft_tokens|propose|ordering|^bf16 +[0-9]+ " "$OUT"/bench_*.log 2>/dev/null
 exit $status
