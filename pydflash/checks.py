@@ -378,7 +378,7 @@ def same_engine(e: Any, device: int, stream_ptr: int) -> None:
 
 
 def kv_usable(
-    kv: Any, cfg: DflashCfg, device: int, stream_ptr: int, kind: type, name: str = "kv"
+    kv: Any, cfg: DflashCfg, device: int, stream_ptr: int, kind: type[Any], name: str = "kv"
 ) -> None:
     """A DflashKv (or a DflashBatchKv, name "pool") a drafter may use: of that kind (None or
     any other object refused before it is read), live (not a removed pool slot), built for
