@@ -14,8 +14,10 @@ Exit status 1 when a result differs from the reference.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +29,15 @@ from pydflash.testing import TOLERANCE, random_inputs  # noqa: E402
 
 def rel(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def draft_tables(c: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+    """propose's host inputs: an embed table and an lm_head [V, hidden] in float32 (what
+    propose takes; a float64 scale would promote them), V at most 4096, and a last token."""
+    vocab = min(c.vocab_size or 4096, 4096)
+    table = rng.standard_normal((vocab, c.hidden), dtype=np.float32) * np.float32(0.5)
+    lm = rng.standard_normal((vocab, c.hidden), dtype=np.float32) / np.float32(math.sqrt(c.hidden))
+    return table, lm, int(rng.integers(vocab))
 
 
 def check(precision: str, ckpt: Path, ctx: int) -> list[str]:
@@ -64,10 +75,8 @@ def check(precision: str, ckpt: Path, ctx: int) -> list[str]:
         d.forward_block(e, feats, cp.asarray(noise), pos[: ctx + b], ctx),
         ref.forward(taps[:ctx], noise, pos[: ctx + b], ctx),
     )
-    vocab = min(c.vocab_size or 4096, 4096)
-    table = cp.asarray(rng.standard_normal((vocab, c.hidden), dtype=np.float32) * 0.5)
-    lm = cp.asarray(rng.standard_normal((vocab, c.hidden), dtype=np.float32) / np.sqrt(c.hidden))
-    last = int(rng.integers(vocab))
+    table, lm, last = (cp.asarray(a) for a in draft_tables(c, rng))
+    last = int(last)
     for temperature in (0.0, 0.8):
         for _ in range(3):  # eager, captured, replayed
             p = d.propose(e, kv, last, ctx, table, lm, temperature=temperature)

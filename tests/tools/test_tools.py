@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tools import load_check
@@ -205,3 +206,20 @@ def test_profile_round_refuses_scaled_units_and_survives_zero_bytes():
         "\n".join([header, '"","","us","byte","byte","%",""', row]), 4e12
     )
     assert lines[-2].split()[:3] == ["sum", "1", "3.0"] and "inf" in lines[-2]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-dflash2"])
+def test_sanitize_round_hands_propose_float32_tables(tmp_path, preset):
+    """tools/sanitize_round.py's propose inputs are float32 (a float64 scale once promoted the
+    lm_head to float64, which propose refuses: the sanitizer runs stopped there)."""
+    from pydflash import Checkpoint
+    from tools import sanitize_round
+    from tools.make_checkpoint import make_checkpoint
+
+    cfg = Checkpoint.open(make_checkpoint(tmp_path / preset, preset, seed=2)).cfg
+    table, lm, last = sanitize_round.draft_tables(cfg, np.random.default_rng(0))
+    vocab = min(cfg.vocab_size or 4096, 4096)
+    assert table.dtype == lm.dtype == np.float32
+    assert table.shape == lm.shape == (vocab, cfg.hidden)
+    assert 0 <= last < vocab and isinstance(last, int)
+    assert 0.3 < float(lm.std()) * np.sqrt(cfg.hidden) < 3
