@@ -8,7 +8,8 @@
 #          machine; `tests` then `scale` as two calls is the safe order)
 # scale:   its scale tier (-m scale: public geometries at ctx 4096 in every precision, the
 #          stream tests at gemma/gpt-oss, the whole geometry sweep, the dspark draft step), in
-#          SCALE_SHARDS (5) parallel pytest processes
+#          SCALE_SHARDS (5) parallel pytest processes; SCALE_SLICE=i/n runs the i-th of n slices
+#          (three calls: SCALE_SLICE=1/3, 2/3, 3/3 with SCALE_SHARDS=4)
 # checks:  load_check of every preset (bf16 and q8_0, ctx 4096), the soaks (one sequence;
 #          batched rounds over a churning pool, spot-checked against the reference), bench_round
 # kernels: bench_linear (decode linear vs its floor), bench_attention, bench_kernels,
@@ -66,10 +67,15 @@ if [ "$PART" = scale ] || [ "$PART" = all ] || [ "$PART" = suite ]; then
   # in SHARDS processes on the one GPU (one process takes over 10 minutes, a device call's
   # limit): the scale tests dealt round-robin, each shard's log scale_N.log, scale.log the sum
   SHARDS=${SCALE_SHARDS:-$([ "$PART" = suite ] && echo 3 || echo 5)}
-  python3 -m pytest -q --collect-only -m scale -p no:cacheprovider tests 2>/dev/null | grep '::' > "$OUT/scale_ids.txt"
+  # SCALE_SLICE=i/n: the i-th of n slices of the ids only (the whole tier, 141 tests, takes
+  # about three device calls: one call ran 66 in 540 s with 6 processes, two of them killed
+  # for host memory at the 27B f32 presets)
+  python3 -m pytest -q --collect-only -m scale -p no:cacheprovider tests 2>/dev/null | grep '::' > "$OUT/scale_all_ids.txt"
+  IFS=/ read -r SLICE_I SLICE_N <<< "${SCALE_SLICE:-1/1}"
+  awk -v i="$SLICE_I" -v n="$SLICE_N" 'NR % n == i % n' "$OUT/scale_all_ids.txt" > "$OUT/scale_ids.txt"
   for i in $(seq 1 "$SHARDS"); do
     awk -v i="$i" -v n="$SHARDS" 'NR % n == i % n' "$OUT/scale_ids.txt" > "$OUT/scale_ids_$i.txt"
-    (xargs -a "$OUT/scale_ids_$i.txt" -d '\n' python3 -m pytest -q -rA -m scale -p no:cacheprovider \
+    (xargs -a "$OUT/scale_ids_$i.txt" -d '\n' python3 -m pytest -v -rA -m scale -p no:cacheprovider \
       > "$OUT/scale_$i.log" 2>&1 || echo "FAILED: scale shard $i" >> "$OUT/failed.log") &
   done
   wait
