@@ -171,7 +171,69 @@ __device__ __forceinline__ void load_rows3(const unsigned char* p, unsigned (&wa
     }
 }
 
-template <int FMT, int MT, int S, int NT, int EPI>
+// Where a warp's ring stages come from in global memory: the weight layout. linear3 asks its
+// source for the 16-byte weight granules and the scale words of one stage, and where the
+// stage's scales sit in shared memory. RowMajor3 reads the row-major GGML planes every
+// GpuTensor holds (rows of K * RB / 32 bytes; f16 scales [N, K / 32]); a layout of its own
+// (dev/cuda/linear_v3_tiled.cu) provides the same members.
+template <int FMT, int MT>
+struct RowMajor3 {
+    using G = Ring3<FMT, MT, 1>;  // the weight and scale parts of a stage do not depend on NT
+    static constexpr int WSTEP = 32 / G::GPR;
+    static constexpr int SCALE_STEP = 2;  // f16 halves from one row's scale to the next
+    const unsigned char* wsrc;
+    long long row_bytes;
+    unsigned long long ssrc;
+    int nchunks, w_ok, s_ok, pbase;
+
+    // lane's copies for rows [row0, row0 + 16 MT) from chunk c_begin; g = lane / 4
+    __device__ __forceinline__ RowMajor3(const unsigned char* W, const f16_bits* scales,
+                                         long long row0, int lane, int g, int c_begin, int N,
+                                         int K) {
+        nchunks = K >> 5;
+        row_bytes = (long long)K * G::RB / 32;
+        // weights: this lane's granule u of a stage is row row0 + lane / GPR + u * WSTEP
+        wsrc = W + (row0 + lane / G::GPR) * row_bytes + (lane % G::GPR) * 16 +
+               (long long)c_begin * G::RB;
+        const long long w_left = (long long)N - row0 - lane / G::GPR;
+        w_ok = w_left <= 0 ? 0 : (int)min((long long)G::WG, (w_left + WSTEP - 1) / WSTEP);
+        // scales: rows row0 + lane + 32u; the aligned word holding the f16 of chunk c
+        const unsigned long long sc_base = reinterpret_cast<unsigned long long>(scales);
+        ssrc = sc_base + 2ull * (unsigned long long)((row0 + lane) * nchunks + c_begin);
+        const long long s_left = (long long)N - row0 - lane;
+        s_ok = s_left <= 0 ? 0 : (int)min((long long)G::SG, (s_left + 31) / 32);
+        // the reading lane (rows of parity g) finds its f16 at byte 2 * (bit 1 of its
+        // address) of the word: pbase ^ (c & 1)
+        pbase = (int)(((sc_base >> 1) + (unsigned long long)((row0 + g) * nchunks)) & 1ull);
+    }
+    // every weight and scale copy of this lane exists (all but a ragged last row group)
+    __device__ __forceinline__ bool whole() const { return w_ok == G::WG && s_ok == G::SG; }
+
+    // one stage's weights (and scales) into the ring at w_dst / s_dst + off, then on `inner`
+    // chunks
+    __device__ __forceinline__ void issue(unsigned w_dst, unsigned s_dst, unsigned off, bool full,
+                                          int inner) {
+#pragma unroll
+        for (int u = 0; u < G::WG; ++u)
+            if (full || u < w_ok) cp_async16_w(w_dst + off + u * 512, wsrc + u * WSTEP * row_bytes);
+        if constexpr (G::QUANT) {
+#pragma unroll
+            for (int u = 0; u < G::SG; ++u)
+                if (full || u < s_ok)
+                    cp_async4_s(s_dst + off + u * 128,
+                                (ssrc + u * 64ull * (unsigned long long)nchunks) & ~3ull);
+        }
+        wsrc += (long long)inner * G::RB;
+        ssrc += 2ull * (unsigned)inner;
+    }
+    // this lane's scale copies start at ring + stage + s_lane(lane)
+    static __device__ __forceinline__ unsigned s_lane(int lane) { return lane * 4; }
+    // the f16 of local row r of chunk c in a stage (its scales at byte W_BYTES) is f16 number
+    // SCALE_STEP * r from byte W_BYTES + scale_byte(c)
+    __device__ __forceinline__ int scale_byte(int c) const { return 2 * ((pbase ^ c) & 1); }
+};
+
+template <int FMT, int MT, int S, int NT, int EPI, class Src = RowMajor3<FMT, MT>>
 __device__ __forceinline__ void linear3(const unsigned char* __restrict__ W,
                                         const f16_bits* __restrict__ scales,
                                         const float* __restrict__ X, long long ldx, float* Y,
@@ -207,22 +269,7 @@ __device__ __forceinline__ void linear3(const unsigned char* __restrict__ W,
     if (dynamic_smem_bytes() < (unsigned)(nwarps * S * G::STAGE)) __trap();  // a host bug
 
     // Copy sources, advanced one slice step (inner chunks) per issued stage.
-    // weights: this lane's granule u of a stage is row row0 + lane / GPR + u * WSTEP
-    constexpr int WSTEP = 32 / G::GPR;
-    const long long row_bytes = (long long)K * RB / 32;
-    const unsigned char* wsrc =
-        W + (row0 + lane / G::GPR) * row_bytes + (lane % G::GPR) * 16 + (long long)c_begin * RB;
-    const long long w_left = (long long)N - row0 - lane / G::GPR;
-    const int w_ok = w_left <= 0 ? 0 : (int)min((long long)G::WG, (w_left + WSTEP - 1) / WSTEP);
-    // scales: rows row0 + lane + 32u; the aligned word holding the f16 of chunk c
-    const unsigned long long sc_base = reinterpret_cast<unsigned long long>(scales);
-    unsigned long long ssrc =
-        sc_base + 2ull * (unsigned long long)((row0 + lane) * nchunks + c_begin);
-    const long long s_left = (long long)N - row0 - lane;
-    const int s_ok = s_left <= 0 ? 0 : (int)min((long long)G::SG, (s_left + 31) / 32);
-    // the reading lane (rows of parity g) finds its f16 at byte 2 * (bit 1 of its address) of
-    // the word: pbase ^ (c & 1)
-    const int pbase = (int)(((sc_base >> 1) + (unsigned long long)((row0 + g) * nchunks)) & 1ull);
+    Src src(W, scales, row0, lane, g, c_begin, N, K);
     // activations: granule u is token lane / 8 + 4u, piece j = lane % 8 (k 4j .. 4j + 3)
     const int xj = lane & 7;
     const int xpos = FMT == FMT_Q4_0 ? (xj < 4 ? 2 * xj : 2 * xj - 7) : xj;
@@ -230,28 +277,17 @@ __device__ __forceinline__ void linear3(const unsigned char* __restrict__ W,
     const int x_ok = x_left <= 0 ? 0 : (int)min((long long)G::AG, (x_left + 3) / 4);
     const float* xsrc = X + (tok0 + lane / 8) * ldx + 4 * xj + c_begin * 32;
     // every copy of this lane exists (all but a ragged last row or token group)
-    const bool full = w_ok == G::WG && s_ok == G::SG && x_ok == G::AG;
+    const bool full = src.whole() && x_ok == G::AG;
     // shared addresses of this lane's first weight granule, scale word and activation piece
     const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);
     const unsigned w_dst = ring_s + lane * 16;
-    const unsigned s_dst = ring_s + G::W_BYTES + lane * 4;
+    const unsigned s_dst = ring_s + G::W_BYTES + Src::s_lane(lane);
     const unsigned x_dst = ring_s + G::W_BYTES + G::SC_BYTES + ((lane / 8) * LD + 4 * xpos) * 4;
 
     // the weights (and scales) of one stage, then their source moves on one step
     auto issue_weights = [&](int slot) {
         const unsigned off = (unsigned)(slot * G::STAGE);
-#pragma unroll
-        for (int u = 0; u < G::WG; ++u)
-            if (full || u < w_ok) cp_async16_w(w_dst + off + u * 512, wsrc + u * WSTEP * row_bytes);
-        if constexpr (G::QUANT) {
-#pragma unroll
-            for (int u = 0; u < G::SG; ++u)
-                if (full || u < s_ok)
-                    cp_async4_s(s_dst + off + u * 128,
-                                (ssrc + u * 64ull * (unsigned long long)nchunks) & ~3ull);
-        }
-        wsrc += (long long)inner * RB;
-        ssrc += 2ull * (unsigned)inner;
+        src.issue(w_dst, s_dst, off, full, inner);
     };
     auto issue_acts = [&](int slot) {
         const unsigned off = (unsigned)(slot * G::STAGE);
@@ -316,15 +352,15 @@ __device__ __forceinline__ void linear3(const unsigned char* __restrict__ W,
         }
         // the scales' f16 halves of this chunk (all rows of this lane share the half)
         const f16_bits* sch = reinterpret_cast<const f16_bits*>(
-            st + G::W_BYTES + 2 * ((pbase ^ (c_begin + step * inner)) & 1));
+            st + G::W_BYTES + src.scale_byte(c_begin + step * inner));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             unsigned wa[4], wb[4];
             load_rows3<FMT>(st + (mt * 16 + g) * RB + t * (RB / 4), wa, wb);
             float d0 = 1.f, d1 = 1.f;
             if constexpr (G::QUANT) {
-                d0 = f16_to_f32(sch[2 * (mt * 16 + g)]);
-                d1 = f16_to_f32(sch[2 * (mt * 16 + 8 + g)]);
+                d0 = f16_to_f32(sch[Src::SCALE_STEP * (mt * 16 + g)]);
+                d1 = f16_to_f32(sch[Src::SCALE_STEP * (mt * 16 + 8 + g)]);
             }
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {

@@ -3,7 +3,7 @@ beside their memory floor, with tuning variants and a correctness check of every
 (llm.c style: kernel, reference, benchmark).
 
     python tools/bench_linear.py [--preset qwen3-8b-b16] [--precision bf16 q8_0 q4_0]
-                                 [--variants] [--kernel v2 v3] [--m 16] [--sample]
+                                 [--variants] [--kernel v2 v3] [--m 16] [--sample] [--tiled]
 
 Each row: one weight of a layer (and with --sample the lm_head sampling pass: linear.cu's
 sampling epilogue, v2's, shipped; v3's from dev/linear_v3_sample.py) at M tokens. Several copies of
@@ -28,6 +28,9 @@ Variants (--variants adds all but the first of each kernel):
                     on the weight bytes an SM keeps in flight, docs/performance.md)
   v3 act-cg         activations copied through L2 only (cp.async.cg) instead of L1 (.ca)
   v3 w4             blocks of at most 4 warps (slices), more blocks an SM
+  v3 tiled          (--tiled) v3 with its default Config and plan over the tiled weight layout
+                    of dev/linear_v3_tiled.py (each ring stage one contiguous run): v3's
+                    results bit for bit, fewer DRAM pages a stage
 """
 
 from __future__ import annotations
@@ -57,9 +60,21 @@ class Variant:
     pdl: bool = True
     cfg: Any = None  # linear_v3.Config (None: the default)
     plan: str = "default"  # "default", "v2" (v2's splits, 4 slices), "in1", "g2"
+    tiled: bool = False  # the weights in dev/linear_v3_tiled.py's layout
 
 
-def variants(kernels: list[str], extra: bool) -> list[Variant]:
+_TILED: dict[int, Any] = {}  # id(GpuTensor) -> its TiledTensor, made before any capture
+
+
+def tiled_of(w: Any) -> Any:
+    from dev import linear_v3_tiled
+
+    if id(w) not in _TILED:
+        _TILED[id(w)] = (w, linear_v3_tiled.TiledTensor.of(w))
+    return _TILED[id(w)][1]
+
+
+def variants(kernels: list[str], extra: bool, tiled: bool = False) -> list[Variant]:
     from pydflash.linear import decode_v3 as linear_v3
 
     d = linear_v3.DEFAULT
@@ -70,6 +85,8 @@ def variants(kernels: list[str], extra: bool) -> list[Variant]:
             out.append(Variant("v2 no PDL", pdl=False))
     if "v3" in kernels:
         out.append(Variant("v3", "v3"))
+        if tiled:
+            out.append(Variant("v3 tiled", "v3", tiled=True))
         if extra:
             plus = tuple(min(8, s + 1) for s in d.stages)
             out += [
@@ -127,6 +144,13 @@ def launcher(
     text = f"ks{p.n_splits} in{p.inner} w{p.blocks() * p.warps_per_block * -(-m // 16)}"
 
     def call3(w, x, out, resid, stride):
+        if v.tiled:
+            from dev import linear_v3_tiled
+
+            linear_v3_tiled.project(
+                e, tiled_of(w), x, m, out, "store" if ks > 1 else epi, resid, ks, stride, cfg=cfg
+            )
+            return
         if epi == "sample":
             assert sample is not None
             linear_v3_sample.project_sample(
@@ -164,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add the lm_head sampling pass (vocab x hidden): linear.cu's (v2's) against v3's",
     )
+    ap.add_argument("--tiled", action="store_true", help="add v3 over the tiled weight layout")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -225,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
                         part_idx=cp.empty((blocks, m), np.int32),
                         apply_cap=True,
                     )
-                for v in variants(args.kernel, args.variants):
+                for v in variants(args.kernel, args.variants, args.tiled):
+                    if v.tiled and epi == "sample":
+                        continue  # the tiled layout has no sampling entry
+                    if v.tiled:
+                        for wi in ws:  # re-ordered once, before the graph is captured
+                            tiled_of(wi)
                     call, ks, plan_text = launcher(e, v, w0, epi, m, sample)
                     out = cp.full((ks, m, ncols), np.nan, np.float32)
                     resid = cp.asarray(resid_h) if resid_h is not None and ks == 1 else None
@@ -258,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                         + ("  FAIL" if bad else ""),
                         flush=True,
                     )
+                _TILED.clear()
                 del ws, w0
     if failed:
         print(f"{failed} variant(s) FAILED the check against float64 (rel err >= {CHECK_TOL})")

@@ -94,7 +94,7 @@ if [ "$PART" = checks ] || [ "$PART" = all ]; then
   run bench_gemma python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 4096
 fi
 if [ "$PART" = kernels ]; then
-  run bench_linear python3 tools/bench_linear.py --variants
+  run bench_linear python3 tools/bench_linear.py --variants --tiled
   run bench_attention python3 tools/bench_attention.py
   run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
   run bench_stream python3 dev/bench_stream.py

@@ -1,0 +1,69 @@
+// linear_v3 over a tiled weight layout: cuda_src/linear_v3.cuh's template with Tiled3 as its
+// weight source instead of RowMajor3, the store / add / silu_mul entries (linear3t_<format>_
+// <epilogue>[_nt1]). Launcher, layout and tests: dev/linear_v3_tiled.py; the same -D constants
+// as linear_v3.cu (a decode_v3.Config's).
+//
+// The layout (ROWS = 16 * MT rows a warp, RB a row's bytes of one 32-chunk, C = K / 32):
+//   weights [ceil(N / ROWS) row tiles][C chunks][ROWS rows][RB bytes]: what one ring stage
+//           holds, in the stage's own order, is one contiguous run (the lanes' 16-byte copies
+//           cover 512 consecutive bytes per instruction, the slices of a block neighbouring
+//           runs);
+//   scales  [row tiles][C][ROWS] f16: a stage's scales are one run of 2 * ROWS bytes, copied by
+//           the first ROWS / 8 lanes as 16-byte pieces (the row-major layout moves a 4-byte
+//           word per row and reads half of it).
+// Rows past N are zero in both (a tile is always whole), so every copy exists; their outputs
+// are never stored. The arithmetic, the plan and the results are linear_v3's bit for bit: only
+// the addresses the ring is filled from differ.
+#include "linear_v3.cuh"
+
+template <int FMT, int MT>
+struct Tiled3 {
+    using G = Ring3<FMT, MT, 1>;
+    static constexpr int SCALE_STEP = 1;                  // a stage's scales: one f16 a row
+    static constexpr int SCALE_PIECES = G::ROWS * 2 / 16;  // 16-byte pieces of them (4 .. 16)
+    const unsigned char* wsrc;
+    const unsigned char* ssrc;
+    bool copies_scales;
+
+    __device__ __forceinline__ Tiled3(const unsigned char* W, const f16_bits* scales,
+                                      long long row0, int lane, int g, int c_begin, int N,
+                                      int K) {
+        const long long first = (row0 / G::ROWS) * (long long)(K >> 5) + c_begin;  // its stage
+        wsrc = W + first * G::W_BYTES + lane * 16;
+        ssrc = reinterpret_cast<const unsigned char*>(scales) + first * (G::ROWS * 2) + lane * 16;
+        copies_scales = G::QUANT && lane < SCALE_PIECES;
+    }
+    __device__ __forceinline__ bool whole() const { return true; }  // padded tiles
+
+    __device__ __forceinline__ void issue(unsigned w_dst, unsigned s_dst, unsigned off, bool,
+                                          int inner) {
+#pragma unroll
+        for (int u = 0; u < G::WG; ++u) cp_async16_w(w_dst + off + u * 512, wsrc + u * 512);
+        if constexpr (G::QUANT) {
+            if (copies_scales) cp_async16_w(s_dst + off, ssrc);
+        }
+        wsrc += (long long)inner * G::W_BYTES;
+        ssrc += (long long)inner * (G::ROWS * 2);
+    }
+    static __device__ __forceinline__ unsigned s_lane(int lane) { return lane * 16; }
+    __device__ __forceinline__ int scale_byte(int) const { return 0; }
+};
+
+#define LIN3T_ENTRY(name, FMT, MT, S, NT, EPI)                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * LIN3_MAX_WARPS, LIN3_MIN_BLOCKS)         \
+        name(LIN3_ARGS, int chunks_per_split, long long split_stride, int inner) {             \
+        linear3<FMT, MT, S, NT, EPI, Tiled3<FMT, MT>>(                                         \
+            W, scales, X, ldx, Y, ldy, R, ldr, M, N, K, chunks_per_split, split_stride, inner, \
+            SampleArgs{nullptr, nullptr, nullptr, nullptr, 0, 0});                             \
+    }
+#define LIN3T_ALL(fname, FMT, MT, S)                                      \
+    LIN3T_ENTRY(linear3t_##fname##_store, FMT, MT, S, 2, EPI_STORE)       \
+    LIN3T_ENTRY(linear3t_##fname##_add, FMT, MT, S, 2, EPI_ADD)           \
+    LIN3T_ENTRY(linear3t_##fname##_silu_mul, FMT, MT, S, 2, EPI_SILU_MUL) \
+    LIN3T_ENTRY(linear3t_##fname##_store_nt1, FMT, MT, S, 1, EPI_STORE)   \
+    LIN3T_ENTRY(linear3t_##fname##_add_nt1, FMT, MT, S, 1, EPI_ADD)       \
+    LIN3T_ENTRY(linear3t_##fname##_silu_mul_nt1, FMT, MT, S, 1, EPI_SILU_MUL)
+
+LIN3T_ALL(bf16, FMT_BF16, LIN3_MT_BF16, LIN3_STAGES_BF16)
+LIN3T_ALL(q8_0, FMT_Q8_0, LIN3_MT_Q8, LIN3_STAGES_Q8)
+LIN3T_ALL(q4_0, FMT_Q4_0, LIN3_MT_Q4, LIN3_STAGES_Q4)

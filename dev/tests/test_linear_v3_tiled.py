@@ -1,0 +1,144 @@
+"""dev/linear_v3_tiled.py on the host: the layout is a byte-exact re-ordering with an exact
+inverse, and the ring stage every lane's copies assemble from it (Tiled3's addresses, written
+out below as the kernel computes them) is the stage RowMajor3 assembles from the row-major
+planes, for every row tile, chunk, slice count and lane: the kernel's arithmetic then sees the
+same shared memory, so its results are linear_v3's bit for bit."""
+
+import numpy as np
+import pytest
+
+from dev import linear_v3_tiled as lt
+from pydflash.linear import decode_v3
+
+FORMATS = decode_v3.FORMATS  # bf16, q8_0, q4_0
+
+
+def planes(rng, fmt, n, k):
+    rb = decode_v3.ROW_BYTES[fmt]
+    data = rng.integers(0, 256, (n, k // 32 * rb), dtype=np.uint8)
+    scales = None if fmt == "bf16" else rng.integers(0, 1 << 16, (n, k // 32), dtype=np.uint16)
+    return data, scales, rb
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n,k,rows", [(64, 32, 64), (200, 96, 64), (37, 256, 32), (300, 64, 128)])
+def test_tiles_are_a_byte_exact_reordering_with_an_inverse(fmt, n, k, rows):
+    rng = np.random.default_rng(n * k + rows)
+    data, scales, rb = planes(rng, fmt, n, k)
+    td, ts = lt.tile_planes(data, scales, rows, rb)
+    t, c = -(-n // rows), k // 32
+    assert td.shape == (t * c * rows * rb,) and td.dtype == np.uint8
+    grid = td.reshape(t, c, rows, rb)
+    for r in (0, n // 2, n - 1):  # row r's chunk j sits in tile r // rows, row r % rows
+        for j in (0, c - 1):
+            np.testing.assert_array_equal(
+                grid[r // rows, j, r % rows], data[r, j * rb : (j + 1) * rb]
+            )
+    pad = t * rows - n
+    if pad:
+        assert not grid[-1, :, rows - pad :].any()  # rows past N are zero
+    back, sback = lt.untile_planes(td, ts, n, rows, rb, c)
+    np.testing.assert_array_equal(back, data)
+    if scales is None:
+        assert ts is None and sback is None
+    else:
+        assert ts.shape == (t * c * rows,) and ts.dtype == np.uint16
+        last = n - 1  # the last row's last scale: tile last // rows, row last % rows
+        assert ts.reshape(t, c, rows)[last // rows, c - 1, last % rows] == scales[last, c - 1]
+        np.testing.assert_array_equal(sback, scales)
+
+
+def stage_row_major(data, scales, fmt, mt, row0, c, n, sc_base):
+    """The weights and the f16 scale of each local row of one ring stage as RowMajor3's copies
+    fill it (rows past N: not copied, None) and linear3 reads it (the scale's half picked by
+    pbase ^ (c & 1) inside the 4-byte word at the row's aligned address)."""
+    rb, rows = decode_v3.ROW_BYTES[fmt], 16 * mt
+    gpr, wstep = rb // 16, 32 // (rb // 16)
+    row_bytes = data.shape[1]
+    flat = data.reshape(-1)
+    stage = np.zeros(rows * rb, np.uint8)
+    copied = np.zeros(rows * rb, bool)
+    for lane in range(32):
+        for u in range(rows * gpr // 32):  # G::WG
+            row = row0 + lane // gpr + u * wstep
+            if row >= n:
+                continue
+            src = row * row_bytes + (lane % gpr) * 16 + c * rb
+            dst = lane * 16 + u * 512
+            stage[dst : dst + 16] = flat[src : src + 16]
+            copied[dst : dst + 16] = True
+    got_scales = []
+    if scales is not None:
+        words = {}
+        sflat = scales.reshape(-1)
+        nchunks = scales.shape[1]
+        for lane in range(32):
+            for u in range(rows // 32):  # G::SG
+                row = row0 + lane + 32 * u
+                if row >= n:
+                    continue
+                addr = sc_base + 2 * (row * nchunks + c)  # the f16's byte address
+                word = addr & ~3  # the aligned word copied
+                lo = (word - sc_base) // 2  # f16 index of its low half (may be -1: before)
+                halves = [sflat[i] if 0 <= i < sflat.size else None for i in (lo, lo + 1)]
+                words[lane + 32 * u] = halves
+        for r in range(rows):
+            g = r % 8
+            pbase = ((sc_base >> 1) + (row0 + g) * nchunks) & 1
+            half = (pbase ^ c) & 1
+            got_scales.append(words[r][half] if r in words else None)
+    return stage, copied, got_scales
+
+
+def stage_tiled(td, ts, fmt, mt, row0, c, k):
+    """The same stage as Tiled3's copies fill it from the tiled planes (every copy exists) and
+    linear3 reads its scales (f16 number r of the stage's scale run)."""
+    rb, rows = decode_v3.ROW_BYTES[fmt], 16 * mt
+    w_bytes = rows * rb
+    first = (row0 // rows) * (k // 32) + c
+    stage = np.zeros(w_bytes, np.uint8)
+    for lane in range(32):
+        for u in range(rows * (rb // 16) // 32):
+            src = first * w_bytes + lane * 16 + u * 512
+            dst = lane * 16 + u * 512
+            stage[dst : dst + 16] = td[src : src + 16]
+    scales = []
+    if ts is not None:
+        run = np.zeros(rows, np.uint16)
+        sbytes = ts.view(np.uint8)
+        for lane in range(rows * 2 // 16):  # SCALE_PIECES lanes copy 16 bytes each
+            src = first * rows * 2 + lane * 16
+            run.view(np.uint8)[lane * 16 : lane * 16 + 16] = sbytes[src : src + 16]
+        scales = [run[r] for r in range(rows)]
+    return stage, scales
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("mt", [2, 4, 8])
+def test_every_stage_the_tiled_copies_assemble_is_the_row_major_one(fmt, mt):
+    rng = np.random.default_rng(mt)
+    rows = 16 * mt
+    n, k = 2 * rows + 24, 160  # a ragged last tile, 5 chunks
+    data, scales, rb = planes(rng, fmt, n, k)
+    td, ts = lt.tile_planes(data, scales, rows, rb)
+    for sc_base in (0x1000, 0x1002):  # a scale plane starting on either half of a word
+        for row0 in range(0, n, rows):
+            for c in range(k // 32):
+                want, copied, want_s = stage_row_major(data, scales, fmt, mt, row0, c, n, sc_base)
+                got, got_s = stage_tiled(td, ts, fmt, mt, row0, c, k)
+                np.testing.assert_array_equal(got[copied], want[copied])
+                assert not got[~copied].any()  # rows past N: zero (never stored)
+                for r, ws in enumerate(want_s):
+                    if ws is not None:
+                        assert got_s[r] == ws, (row0, c, r)
+                    else:
+                        assert got_s[r] == 0
+
+
+def test_a_non_tensor_core_weight_is_refused():
+    from pydflash import GpuTensor
+    from pydflash.errors import ShapeError
+
+    w = GpuTensor("f32", 64, 32, np.zeros((64, 32), np.float32))
+    with pytest.raises(ShapeError, match="f32 weights are not tensor-core formats"):
+        lt.TiledTensor.of(w)
