@@ -30,6 +30,9 @@ mean live slots and batch size and the wall time per round (spot checks excluded
 memory grew by more than CHURN_MEMORY_SLACK_MIB (the driver maps device memory in 2 MiB
 pages, so memGetInfo moves in such steps), the last 10% are more than 25% slower than the
 first, a spot check failed or the pool's bookkeeping left the plan's.
+
+Run either mode alone on its device: the device memory in use is the whole device's
+(cudaMemGetInfo), and other processes' allocations and kernels move it and the round time.
 """
 
 from __future__ import annotations
