@@ -20,7 +20,8 @@
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
 # sanitize: compute-sanitizer's memcheck, racecheck, initcheck and synccheck over
 #          tools/sanitize_round.py (every kind of call once, checked against the reference) on
-#          tiny, tiny-swa, tiny-dspark and tiny-dflash2 in every precision and one public geometry in bf16
+#          tiny, tiny-swa, tiny-dspark and tiny-dflash2 in every precision, and qwen3-8b-b16 (memcheck
+#          in every precision, the other tools in bf16), SANITIZE_PARALLEL (10) jobs at once
 # profile: Nsight Compute's per-kernel time and DRAM bytes of one call (tools/profile_round.py)
 #          for issue 10's distances, and the stall reasons of the attention partial, the q4_0
 #          decode linear and the quantized ingest tile
@@ -113,14 +114,27 @@ if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in 
   run bench_gemma_long python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
 fi
 if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
+  # one job a line: tool, checkpoint, ctx, precisions; SANITIZE_PARALLEL (10) at once on the
+  # one GPU (racecheck over a public geometry is the slowest: a short ctx)
+  : > "$OUT/sanitize_jobs.txt"
   for tool in memcheck racecheck initcheck synccheck; do
     for p in tiny tiny-swa tiny-dspark tiny-dflash2; do
-      run "sanitize_${tool}_$p" compute-sanitizer --tool "$tool" --error-exitcode 1 \
-        python3 tools/sanitize_round.py --ckpt "$CKPT/$p" --precision f32 bf16 q8_0 q4_0 mixed --ctx 40
+      echo "$tool $p 40 f32 bf16 q8_0 q4_0 mixed" >> "$OUT/sanitize_jobs.txt"
     done
-    run "sanitize_${tool}_qwen3-8b" compute-sanitizer --tool "$tool" --error-exitcode 1 \
-      python3 tools/sanitize_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 --ctx 300
   done
+  echo "memcheck qwen3-8b-b16 300 f32 bf16 q8_0 q4_0 mixed" >> "$OUT/sanitize_jobs.txt"
+  for tool in racecheck initcheck synccheck; do
+    echo "$tool qwen3-8b-b16 64 bf16" >> "$OUT/sanitize_jobs.txt"
+  done
+  sanitize_job() {
+    read -r tool p ctx precs <<< "$1"
+    compute-sanitizer --tool "$tool" --error-exitcode 1 python3 tools/sanitize_round.py \
+      --ckpt "$CKPT/$p" --precision $precs --ctx "$ctx" > "$OUT/sanitize_${tool}_$p.log" 2>&1 \
+      || echo "FAILED: sanitize_${tool}_$p" >> "$OUT/failed.log"
+  }
+  export -f sanitize_job; export OUT CKPT
+  xargs -a "$OUT/sanitize_jobs.txt" -d '\n' -P "${SANITIZE_PARALLEL:-10}" -I{} bash -c 'sanitize_job "{}"'
+  [ -f "$OUT/failed.log" ] && status=1
   grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize_round:" "$OUT"/sanitize_*.log
 fi
 if [ "$PART" = profile ]; then   # where each op's time goes (ncu: one kernel at a time)
