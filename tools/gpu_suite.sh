@@ -133,9 +133,14 @@ if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
       || echo "FAILED: sanitize_${tool}_$p" >> "$OUT/failed.log"
   }
   export -f sanitize_job; export OUT CKPT
+  # beside them, memcheck over the GPU tests of the kernels one by one (their own geometries)
+  (compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -x -p no:cacheprovider \
+    tests/device/test_engine_gpu.py > "$OUT/sanitize_memcheck_engine_tests.log" 2>&1 \
+    || echo "FAILED: sanitize_memcheck_engine_tests" >> "$OUT/failed.log") &
   xargs -a "$OUT/sanitize_jobs.txt" -d '\n' -P "${SANITIZE_PARALLEL:-10}" -I{} bash -c 'sanitize_job "{}"'
+  wait
   [ -f "$OUT/failed.log" ] && status=1
-  grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize_round:" "$OUT"/sanitize_*.log
+  grep -H -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize_round:| passed" "$OUT"/sanitize_*.log
 fi
 if [ "$PART" = profile ]; then   # where each op's time goes (ncu: one kernel at a time)
   METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size
