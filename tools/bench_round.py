@@ -468,6 +468,20 @@ def bench_batch(
                     print(f"    {name:44s} {v:8.3f} ms {100 * v / eager:5.1f}%")
 
 
+def peer_rows(cfg, ctx: int, batches: list[int], rounds: int, bw: float) -> None:
+    """tools/peer_round.py's rows for the same geometry (bf16 whatever the precision), floors
+    on this run's copy bandwidth; one line when torch is absent."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("peer: skipped, torch is not installed")
+        return
+    from tools import peer_round
+
+    print(f"\npeer (plain torch + cuBLAS, CUDA graph, bf16 regardless of --precision), ctx {ctx}")
+    peer_round.bench_cases(cfg, ctx, batches, rounds, bw)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--preset", default="qwen3-8b-b16", choices=sorted(PRESETS))
@@ -513,6 +527,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="launch without programmatic dependent launch (Runtime.use_pdl = False): what "
         "PDL's overlap gains or costs",
+    )
+    ap.add_argument(
+        "--peer",
+        action="store_true",
+        help="also time tools/peer_round.py (plain torch + cuBLAS in a CUDA graph, bf16) at the "
+        "same geometry, ctx and batch sizes, when torch is importable",
     )
     ap.add_argument(
         "--tile",
@@ -590,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
                 policy,
             )
             cp.get_default_memory_pool().free_all_blocks()
+        if args.peer:
+            peer_rows(cfg, args.ctx, args.batch or [1], args.rounds, bw)
 
     # floor = weight bytes / bandwidth (the issue's definition); the last columns add the
     # activation/KV bytes the op must also read (a round: the K/V it reads, rings their window).

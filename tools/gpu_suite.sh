@@ -101,8 +101,8 @@ if [ "$PART" = kernels ]; then
   run bench_stream python3 dev/bench_stream.py
 fi
 if [ "$PART" = bench ]; then   # issue 10's tables at ctx 4096 and the per-kernel profile
-  run bench_qwen python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --propose --host-profile
-  run bench_gemma python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 4096
+  run bench_qwen python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --propose --host-profile --peer
+  run bench_gemma python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --peer
   run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
 fi
 if [ "$PART" = batch ]; then   # issue 11's table: batched rounds, qwen3-8b bf16 at ctx 4096
