@@ -497,3 +497,20 @@ __device__ __forceinline__ void linear3(const unsigned char* __restrict__ W,
 #define LIN3_ARGS                                                                            \
     const unsigned char *W, const f16_bits *scales, const float *X, long long ldx, float *Y, \
         long long ldy, const float *R, long long ldr, int M, int N, int K
+
+// The store / add / silu_mul entries of one weight source SRC (RowMajor3, or a layout's own in
+// dev/): <prefix><format>_<epilogue>[_nt1], 16 and 8 (_nt1) tokens a block.
+#define LIN3_ENTRY(name, FMT, MT, S, NT, EPI, SRC)                                         \
+    extern "C" __global__ void __launch_bounds__(32 * LIN3_MAX_WARPS, LIN3_MIN_BLOCKS)     \
+        name(LIN3_ARGS, int chunks_per_split, long long split_stride, int inner) {         \
+        linear3<FMT, MT, S, NT, EPI, SRC<FMT, MT>>(                                        \
+            W, scales, X, ldx, Y, ldy, R, ldr, M, N, K, chunks_per_split, split_stride,    \
+            inner, SampleArgs{nullptr, nullptr, nullptr, nullptr, 0, 0});                  \
+    }
+#define LIN3_ALL(prefix, fname, FMT, MT, S, SRC)                                   \
+    LIN3_ENTRY(prefix##fname##_store, FMT, MT, S, 2, EPI_STORE, SRC)               \
+    LIN3_ENTRY(prefix##fname##_add, FMT, MT, S, 2, EPI_ADD, SRC)                   \
+    LIN3_ENTRY(prefix##fname##_silu_mul, FMT, MT, S, 2, EPI_SILU_MUL, SRC)         \
+    LIN3_ENTRY(prefix##fname##_store_nt1, FMT, MT, S, 1, EPI_STORE, SRC)           \
+    LIN3_ENTRY(prefix##fname##_add_nt1, FMT, MT, S, 1, EPI_ADD, SRC)               \
+    LIN3_ENTRY(prefix##fname##_silu_mul_nt1, FMT, MT, S, 1, EPI_SILU_MUL, SRC)

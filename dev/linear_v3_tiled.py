@@ -28,7 +28,7 @@ from pydflash.formats.format import FORMATS as WEIGHT_FORMATS
 from pydflash.formats.tensor import GpuTensor
 from pydflash.linear import decode_v3
 from pydflash.linear.decode_v3 import DEFAULT, Config
-from pydflash.linear.split import CHUNK, EPILOGUES, row_args
+from pydflash.linear.split import CHUNK, EPILOGUES
 
 
 def _xp(a: Any) -> Any:
@@ -154,27 +154,23 @@ def project(
     groups: int | None = None,
 ) -> None:
     """decode_v3.project's contract and plan on the tiled layout (w tiled for cfg's rows)."""
-    if m == 0:
-        return
     if w.rows != cfg.rows(w.fmt):
         raise ShapeError(
             f"linear_v3_tiled: tiles of {w.rows} rows, the Config's are {cfg.rows(w.fmt)}"
         )
-    shape = GpuTensor(w.fmt, w.out_features, w.in_features, w.data, w.scales)  # shape only
-    args = row_args(shape, x, m, out, residual)
-    args["R"] = residual if residual is not None else out  # read only by the add epilogue
-    if x.data.ptr % 16 or args["ldx"] % 4:
-        raise ShapeError("linear_v3_tiled: activation rows must start 16-byte aligned")
-    p = decode_v3.plan(rt, shape, ksplit, cfg, inner, groups)
-    nt1 = m <= 8
-    rt.launch(
-        kernels_for(cfg)[1][(w.fmt, epilogue, nt1)],
-        (decode_v3._grid_x(p, m, nt1), p.n_splits, 1),
-        32 * p.warps_per_block,
-        decode_v3._smem(w.fmt, cfg, p, 1 if nt1 else 2),
-        pdl=True,
-        chunks_per_split=p.per_split,
-        split_stride=split_stride,
-        inner=p.inner,
-        **args,
+    planes = GpuTensor(w.fmt, w.out_features, w.in_features, w.data, w.scales)  # the tiled ones
+    decode_v3.launch(
+        rt,
+        kernels_for(cfg)[1],
+        planes,
+        x,
+        m,
+        out,
+        epilogue,
+        residual,
+        ksplit,
+        split_stride,
+        cfg=cfg,
+        inner=inner,
+        groups=groups,
     )

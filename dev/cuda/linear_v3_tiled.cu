@@ -49,21 +49,6 @@ struct Tiled3 {
     __device__ __forceinline__ int scale_byte(int) const { return 0; }
 };
 
-#define LIN3T_ENTRY(name, FMT, MT, S, NT, EPI)                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * LIN3_MAX_WARPS, LIN3_MIN_BLOCKS)         \
-        name(LIN3_ARGS, int chunks_per_split, long long split_stride, int inner) {             \
-        linear3<FMT, MT, S, NT, EPI, Tiled3<FMT, MT>>(                                         \
-            W, scales, X, ldx, Y, ldy, R, ldr, M, N, K, chunks_per_split, split_stride, inner, \
-            SampleArgs{nullptr, nullptr, nullptr, nullptr, 0, 0});                             \
-    }
-#define LIN3T_ALL(fname, FMT, MT, S)                                      \
-    LIN3T_ENTRY(linear3t_##fname##_store, FMT, MT, S, 2, EPI_STORE)       \
-    LIN3T_ENTRY(linear3t_##fname##_add, FMT, MT, S, 2, EPI_ADD)           \
-    LIN3T_ENTRY(linear3t_##fname##_silu_mul, FMT, MT, S, 2, EPI_SILU_MUL) \
-    LIN3T_ENTRY(linear3t_##fname##_store_nt1, FMT, MT, S, 1, EPI_STORE)   \
-    LIN3T_ENTRY(linear3t_##fname##_add_nt1, FMT, MT, S, 1, EPI_ADD)       \
-    LIN3T_ENTRY(linear3t_##fname##_silu_mul_nt1, FMT, MT, S, 1, EPI_SILU_MUL)
-
-LIN3T_ALL(bf16, FMT_BF16, LIN3_MT_BF16, LIN3_STAGES_BF16)
-LIN3T_ALL(q8_0, FMT_Q8_0, LIN3_MT_Q8, LIN3_STAGES_Q8)
-LIN3T_ALL(q4_0, FMT_Q4_0, LIN3_MT_Q4, LIN3_STAGES_Q4)
+LIN3_ALL(linear3t_, bf16, FMT_BF16, LIN3_MT_BF16, LIN3_STAGES_BF16, Tiled3)
+LIN3_ALL(linear3t_, q8_0, FMT_Q8_0, LIN3_MT_Q8, LIN3_STAGES_Q8, Tiled3)
+LIN3_ALL(linear3t_, q4_0, FMT_Q4_0, LIN3_MT_Q4, LIN3_STAGES_Q4, Tiled3)

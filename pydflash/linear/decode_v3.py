@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..device.kernels import Family, KernelSpec
@@ -292,6 +293,42 @@ def project(
 ) -> None:
     """linear.project's contract (out = x . w^T, residual + x . w^T, silu(gate) * up; ksplit
     partials split_stride apart for the consumer), on the v3 kernel."""
+    launch(
+        rt,
+        kernels_for(cfg).mma,
+        w,
+        x,
+        m,
+        out,
+        epilogue,
+        residual,
+        ksplit,
+        split_stride,
+        cfg=cfg,
+        inner=inner,
+        groups=groups,
+    )
+
+
+def launch(
+    rt: Runtime,
+    specs: Mapping[tuple[str, str, bool], KernelSpec],
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    out: Any,
+    epilogue: str,
+    residual: Any,
+    ksplit: int,
+    split_stride: int,
+    *,
+    cfg: Config,
+    inner: int | None,
+    groups: int | None,
+) -> None:
+    """project's checks, plan and launch for entries of linear_v3's signature taken from
+    `specs` by (format, epilogue, nt1): the shipped ones, or a layout's in dev/ whose planes
+    `w` carries."""
     if m == 0:
         return
     args = row_args(w, x, m, out, residual)
@@ -299,9 +336,8 @@ def project(
     _check(w, x, args["ldx"])
     p = plan(rt, w, ksplit, cfg, inner, groups)
     nt1 = m <= 8
-    kern = kernels_for(cfg)
     rt.launch(
-        kern.mma[(w.fmt, epilogue, nt1)],
+        specs[(w.fmt, epilogue, nt1)],
         (_grid_x(p, m, nt1), p.n_splits, 1),
         32 * p.warps_per_block,
         _smem(w.fmt, cfg, p, 1 if nt1 else 2),
