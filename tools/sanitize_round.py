@@ -31,11 +31,33 @@ def rel(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
+COMMITS = (1, 2, 1)  # commit's row counts after the round (the second t = 1 replays a graph)
+
+
+def commit_schedule(ctx: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each commit: they follow the ctx rows the KV holds."""
+    out, at = [], ctx
+    for t in COMMITS:
+        out.append((at, t))
+        at += t
+    return out
+
+
+def tap_rows(ctx: int) -> int:
+    """Taps the run needs: the ctx rows and every commit's."""
+    return ctx + sum(COMMITS)
+
+
 def draft_tables(c: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
-    """propose's host inputs: an embed table and an lm_head [V, hidden] in float32 (what
-    propose takes; a float64 scale would promote them), V at most 4096, and a last token."""
+    """propose's host inputs: an embed table as bf16 bits (uint16) with a row for every token
+    id up to the mask token (propose gathers the mask row: qwen3's is 151669), an f32 lm_head
+    [V, hidden] (a float64 scale would promote it; propose refuses float64), V at most 4096,
+    and a last token below V. Rows past the first 4096 of the table repeat them."""
     vocab = min(c.vocab_size or 4096, 4096)
-    table = rng.standard_normal((vocab, c.hidden), dtype=np.float32) * np.float32(0.5)
+    rows = max(vocab, c.mask_token_id + 1)
+    base = rng.standard_normal((vocab, c.hidden), dtype=np.float32) * np.float32(0.5)
+    bits = (base.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation: exact bits
+    table = np.resize(bits, (rows, c.hidden))
     lm = rng.standard_normal((vocab, c.hidden), dtype=np.float32) / np.float32(math.sqrt(c.hidden))
     return table, lm, int(rng.integers(vocab))
 
@@ -52,7 +74,7 @@ def check(precision: str, ckpt: Path, ctx: int) -> list[str]:
     c, b = d.cfg, d.cfg.block_size
     ref = ReferenceDraft(c, d.reference_weights(), np.float64, d.kv_dtype)
     rng = np.random.default_rng(7)
-    taps, noise, pos = random_inputs(c, ctx + 3, rng)
+    taps, noise, pos = random_inputs(c, tap_rows(ctx), rng)
     tol, bad = TOLERANCE[precision], []
 
     def expect(name: str, got: object, want: np.ndarray, bound: float = tol) -> None:
@@ -81,8 +103,8 @@ def check(precision: str, ckpt: Path, ctx: int) -> list[str]:
         for _ in range(3):  # eager, captured, replayed
             p = d.propose(e, kv, last, ctx, table, lm, temperature=temperature)
         print(f"{precision:6s} propose T={temperature:<4} tokens {cp.asnumpy(p.tokens)[:4]}")
-    for t in (1, 2, 1):  # the second t = 1 replays its graph
-        at = kv.len
+    for at, t in commit_schedule(ctx):
+        assert at == kv.len, (at, kv.len)
         d.commit(e, kv, cp.asarray(taps[at : at + t]), np.arange(at, at + t), t)
     pool = d.new_batch_kv(e, 3, ctx + 2 * b)
     slots = [pool.add() for _ in range(3)]

@@ -210,8 +210,10 @@ def test_profile_round_refuses_scaled_units_and_survives_zero_bytes():
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-dflash2"])
 def test_sanitize_round_hands_propose_float32_tables(tmp_path, preset):
-    """tools/sanitize_round.py's propose inputs are float32 (a float64 scale once promoted the
-    lm_head to float64, which propose refuses: the sanitizer runs stopped there)."""
+    """tools/sanitize_round.py's propose inputs: an f32 lm_head (a float64 scale once promoted
+    it to float64, which propose refuses: the sanitizer runs stopped there) and a bf16 table
+    holding the mask token's row (qwen3-8b's 151669 was past a 4096-row table: propose
+    refused it)."""
     from pydflash import Checkpoint
     from tools import sanitize_round
     from tools.make_checkpoint import make_checkpoint
@@ -219,7 +221,41 @@ def test_sanitize_round_hands_propose_float32_tables(tmp_path, preset):
     cfg = Checkpoint.open(make_checkpoint(tmp_path / preset, preset, seed=2)).cfg
     table, lm, last = sanitize_round.draft_tables(cfg, np.random.default_rng(0))
     vocab = min(cfg.vocab_size or 4096, 4096)
-    assert table.dtype == lm.dtype == np.float32
-    assert table.shape == lm.shape == (vocab, cfg.hidden)
+    assert lm.dtype == np.float32 and table.dtype == np.uint16
+    assert lm.shape == (vocab, cfg.hidden)
+    assert table.shape == (max(vocab, cfg.mask_token_id + 1), cfg.hidden)
     assert 0 <= last < vocab and isinstance(last, int)
     assert 0.3 < float(lm.std()) * np.sqrt(cfg.hidden) < 3
+    values = (table[:vocab].astype(np.uint32) << 16).view(np.float32)
+    assert 0.2 < float(values.std()) < 1
+
+
+def test_sanitize_round_table_reaches_a_mask_token_past_4096(tmp_path):
+    """A mask token past the lm_head's 4096 rows (qwen3-8b's 151669) has its row in the table,
+    the same values as the row it repeats."""
+    import dataclasses
+
+    from pydflash import Checkpoint
+    from tools import sanitize_round
+    from tools.make_checkpoint import make_checkpoint
+
+    cfg = Checkpoint.open(make_checkpoint(tmp_path / "tiny", "tiny", seed=2)).cfg
+    cfg = dataclasses.replace(cfg, vocab_size=151936, mask_token_id=151669)
+    table, lm, last = sanitize_round.draft_tables(cfg, np.random.default_rng(1))
+    assert table.shape == (151670, cfg.hidden) and lm.shape == (4096, cfg.hidden)
+    np.testing.assert_array_equal(table[151669], table[151669 % 4096])
+    assert 0 <= last < 4096
+
+
+@pytest.mark.parametrize("ctx", [1, 40, 300])
+def test_sanitize_round_commits_have_their_taps(ctx):
+    """Each commit's rows follow the previous one from ctx on, inside the taps the run makes
+    (a ctx + 3 tap array once left the last commit empty: every sanitizer run failed there)."""
+    from tools import sanitize_round
+
+    sched = sanitize_round.commit_schedule(ctx)
+    assert sched[0][0] == ctx
+    for (a, t), (b, _) in zip(sched, sched[1:]):
+        assert b == a + t
+    assert sched[-1][0] + sched[-1][1] == sanitize_round.tap_rows(ctx)
+    assert [t for _, t in sched] == list(sanitize_round.COMMITS)
