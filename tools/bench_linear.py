@@ -29,8 +29,9 @@ Variants (--variants adds all but the first of each kernel):
   v3 act-cg         activations copied through L2 only (cp.async.cg) instead of L1 (.ca)
   v3 w4             blocks of at most 4 warps (slices), more blocks an SM
   v3 tiled          (--tiled) v3 with its default Config and plan over the tiled weight layout
-                    of dev/linear_v3_tiled.py (each ring stage one contiguous run): v3's
-                    results bit for bit, fewer DRAM pages a stage
+                    (pydflash.formats.layout, linear_v3_tiled.cu: each ring stage one
+                    contiguous run; what the drafter loads its q8_0 / q4_0 round-only weights
+                    in): v3's results bit for bit, fewer DRAM pages a stage
 """
 
 from __future__ import annotations
@@ -60,17 +61,17 @@ class Variant:
     pdl: bool = True
     cfg: Any = None  # linear_v3.Config (None: the default)
     plan: str = "default"  # "default", "v2" (v2's splits, 4 slices), "in1", "g2"
-    tiled: bool = False  # the weights in dev/linear_v3_tiled.py's layout
+    tiled: bool = False  # the weights in the decode linear's tiled layout (GpuTensor.tiled)
 
 
-_TILED: dict[int, Any] = {}  # id(GpuTensor) -> its TiledTensor, made before any capture
+_TILED: dict[int, Any] = {}  # id(GpuTensor) -> (it, its tiled copy), made before any capture
 
 
 def tiled_of(w: Any) -> Any:
-    from dev import linear_v3_tiled
+    from pydflash.linear import decode_v3
 
     if id(w) not in _TILED:
-        _TILED[id(w)] = (w, linear_v3_tiled.TiledTensor.of(w))
+        _TILED[id(w)] = (w, w.tiled(decode_v3.DEFAULT.rows(w.fmt)))
     return _TILED[id(w)][1]
 
 
@@ -145,9 +146,7 @@ def launcher(
 
     def call3(w, x, out, resid, stride):
         if v.tiled:
-            from dev import linear_v3_tiled
-
-            linear_v3_tiled.project(
+            linear_v3.project(
                 e, tiled_of(w), x, m, out, "store" if ks > 1 else epi, resid, ks, stride, cfg=cfg
             )
             return

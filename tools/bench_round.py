@@ -19,6 +19,7 @@ measured in the same run, and the ratio.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -529,6 +530,12 @@ def main(argv: list[str] | None = None) -> int:
         "PDL's overlap gains or costs",
     )
     ap.add_argument(
+        "--row-major",
+        action="store_true",
+        help="also time every precision with all weights row-major (Policy(tiled_decode=False)): "
+        "what the decode linear's tiled layout gains, in the same run (rows '<prec>-rm')",
+    )
+    ap.add_argument(
         "--peer",
         action="store_true",
         help="also time tools/peer_round.py (plain torch + cuBLAS in a CUDA graph, bf16) at the "
@@ -593,8 +600,12 @@ def main(argv: list[str] | None = None) -> int:
                 policy,
             )
             cp.get_default_memory_pool().free_all_blocks()
-        for precision in [] if args.batch else args.precision:
-            rows += bench_precision(
+        runs = [(p, p, policy) for p in ([] if args.batch else args.precision)]
+        if args.row_major:
+            flat = dataclasses.replace(policy, tiled_decode=False)
+            runs += [(p, f"{p}-rm", flat) for p in ([] if args.batch else args.precision)]
+        for precision, name, run_policy in runs:
+            got = bench_precision(
                 cp,
                 e,
                 ckpt,
@@ -607,8 +618,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.propose,
                 rate,
                 args.host_profile,
-                policy,
+                run_policy,
             )
+            rows += [(r[0], name, *r[2:]) for r in got]
             cp.get_default_memory_pool().free_all_blocks()
         if args.peer:
             peer_rows(cfg, args.ctx, args.batch or [1], args.rounds, bw)
@@ -616,13 +628,13 @@ def main(argv: list[str] | None = None) -> int:
     # floor = weight bytes / bandwidth (the definition); the last columns add the
     # activation/KV bytes the op must also read (a round: the K/V it reads, rings their window).
     print(
-        f"\n{'checkpoint':16s} {'prec':5s} {'op':24s} {'median ms':>9s} {'floor ms':>9s} "
+        f"\n{'checkpoint':16s} {'prec':8s} {'op':24s} {'median ms':>9s} {'floor ms':>9s} "
         f"{'ratio':>6s} {'floor+KV ms':>11s} {'ratio':>6s}  weight GB"
     )
     for label, prec, op, ms, wbytes, extra in rows:
         floor, floor_all = wbytes / bw * 1e3, (wbytes + extra) / bw * 1e3
         print(
-            f"{label:16s} {prec:5s} {op:24s} {ms:9.3f} {floor:9.3f} {ms / floor:6.2f} "
+            f"{label:16s} {prec:8s} {op:24s} {ms:9.3f} {floor:9.3f} {ms / floor:6.2f} "
             f"{floor_all:11.3f} {ms / floor_all:6.2f}  {wbytes / 1e9:.3f}"
         )
     return 0

@@ -170,7 +170,7 @@ class DflashDraft:
                 precision=precision,
                 cuda_graphs=cuda_graphs,
                 policy=policy,
-                **load_weights(e, ckpt, precision, codebooks),
+                **load_weights(e, ckpt, precision, codebooks, policy),
             )
 
     @property

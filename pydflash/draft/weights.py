@@ -193,16 +193,24 @@ def precision_bytes(cfg: DflashCfg, precision: str, codebooks: str = "device") -
 
 
 def load_weights(
-    e: Runtime, ckpt: Checkpoint, precision: str, codebooks: str = "device"
+    e: Runtime,
+    ckpt: Checkpoint,
+    precision: str,
+    codebooks: str = "device",
+    policy: linear.Policy = linear.DEFAULT,
 ) -> dict[str, Any]:
-    """Every device weight of a validated checkpoint, fused as the kernels want them (call
-    under the runtime's stream contract); a DFlash2 selector's codebooks where `codebooks`
-    says (pydflash.heads.selector)."""
+    """Every device weight of a validated checkpoint, fused as the kernels want them and in
+    the layout the dispatch table gives the modes each is read in (linear.layout_rows: the
+    round-only weights tiled for the decode linear where it alone reads them; call under the
+    runtime's stream contract); a DFlash2 selector's codebooks where `codebooks` says
+    (pydflash.heads.selector)."""
     from ..heads import selector
 
     cfg = ckpt.cfg
 
-    def weight(names: Sequence[str], role: str, interleave: bool = False) -> GpuTensor:
+    def weight(
+        names: Sequence[str], role: str, interleave: bool = False, modes: Sequence[str] = ()
+    ) -> GpuTensor:
         parts = [ckpt.read_bf16_bits(n) for n in names]
         if interleave:  # gate/up rows in groups of 8: g0..g7, u0..u7, g8..g15, ...
             g, u = parts
@@ -212,7 +220,9 @@ def load_weights(
             ).reshape(-1, k)
         else:
             bits = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return GpuTensor.from_bf16_bits(e, e.upload(bits), format_for(precision, role))
+        w = GpuTensor.from_bf16_bits(e, e.upload(bits), format_for(precision, role))
+        rows = linear.layout_rows(w.fmt, modes, e.caps, k=w.in_features, policy=policy)
+        return w.tiled(rows) if rows else w
 
     def vec(*names: str) -> Any:
         return e.upload(np.concatenate([ckpt.read_f32(n).reshape(-1) for n in names]))
@@ -221,7 +231,8 @@ def load_weights(
         if cfg.dflash2 is None:
             return None
         base, projection = dflash2_conv_names(layer, name)
-        return ConvWeights(e.upload(ckpt.read_f32(base)), weight([projection], role))
+        proj = weight([projection], role, modes=linear.ROUND_ONLY)
+        return ConvWeights(e.upload(ckpt.read_f32(base)), proj)
 
     bias = cfg.attention_bias
     layers = []
@@ -229,12 +240,19 @@ def load_weights(
         p, a = f"layers.{i}.", f"layers.{i}.self_attn."
         layers.append(
             DflashLayer(
-                qkv=weight([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"], "attn"),
-                o=weight([a + "o_proj.weight"], "attn"),
-                gate_up=weight(
-                    [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], "mlp", interleave=True
+                qkv=weight(
+                    [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
+                    "attn",
+                    modes=(*linear.ROUND_ONLY, "ingest"),  # kv's rows: ingest's GEMMs
                 ),
-                down=weight([p + "mlp.down_proj.weight"], "mlp"),
+                o=weight([a + "o_proj.weight"], "attn", modes=linear.ROUND_ONLY),
+                gate_up=weight(
+                    [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+                    "mlp",
+                    interleave=True,
+                    modes=linear.ROUND_ONLY,
+                ),
+                down=weight([p + "mlp.down_proj.weight"], "mlp", modes=linear.ROUND_ONLY),
                 input_layernorm=vec(p + "input_layernorm.weight"),
                 post_attention_layernorm=vec(p + "post_attention_layernorm.weight"),
                 q_norm=vec(a + "q_norm.weight"),
@@ -271,7 +289,7 @@ def load_weights(
         "layers": layers,
         "confidence": confidence,
         "selector": candidates,
-        "fc": weight(["fc.weight"], "attn"),
+        "fc": weight(["fc.weight"], "attn", modes=("features",)),
         "hidden_norm": vec("hidden_norm.weight"),
         "norm": vec("norm.weight"),
         "markov": markov,

@@ -9,6 +9,11 @@ the Rust/GGML order (K, N). Device storage per format:
   order) + `scales` uint16 [N, K/32]
 The quantization is GGML's, bit for bit; only the block interleaving differs from the GGML byte
 stream (quants and scales apart keep every load aligned). `ggml_bytes()` gives that stream back.
+
+`tile_rows` > 0: the same bytes in the decode linear's tiled order (pydflash.formats.layout:
+`data` uint8 and `scales` uint16, flat), which the drafter chooses at load for the weights only
+the decode linear reads (pydflash.linear.dispatch.layout_rows). `row_major()` gives the planes
+above back; `dequantize()` and `ggml_bytes()` read through it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 from ..checks import require_runtime
 from ..errors import QuantizationError, ShapeError
 from ..ops import quant as ops_quant
+from . import layout
 from .format import QK, get
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,6 +43,7 @@ class GpuTensor:
     in_features: int
     data: Any  # cupy.ndarray, see the module docstring
     scales: Any = None  # cupy.ndarray uint16 [N, K/32] for q8_0 / q4_0
+    tile_rows: int = 0  # 0: row-major; else the rows a tile of the tiled layout
 
     # -- shape ------------------------------------------------------------------------------
     @property
@@ -53,10 +60,13 @@ class GpuTensor:
         return int(self.data.nbytes) + (int(self.scales.nbytes) if self.scales is not None else 0)
 
     def __repr__(self) -> str:
-        return f"GpuTensor({self.fmt}, [{self.out_features}, {self.in_features}])"
+        tiled = f", tiled {self.tile_rows}" if self.tile_rows else ""
+        return f"GpuTensor({self.fmt}, [{self.out_features}, {self.in_features}]{tiled})"
 
     def rows(self, start: int, stop: int) -> GpuTensor:
         """A view of output rows [start, stop) — no copy (rows are contiguous in every format)."""
+        if self.tile_rows:
+            raise ShapeError(f"rows({start}, {stop}): {self!r} is tiled; use row_major() first")
         if not 0 <= start < stop <= self.out_features:
             raise ShapeError(f"rows({start}, {stop}) outside [0, {self.out_features})")
         return GpuTensor(
@@ -167,6 +177,33 @@ class GpuTensor:
             )
         return cls(kind, int(arr.shape[0]), int(arr.shape[1]), arr)
 
+    # -- layout ---------------------------------------------------------------------------------
+    def tiled(self, rows: int) -> GpuTensor:
+        """The same values in the tiled layout of `rows` rows a tile (new device arrays, on the
+        planes' device and the current stream; bf16 / q8_0 / q4_0)."""
+        if self.fmt not in ("bf16", "q8_0", "q4_0"):
+            raise ShapeError(f"tiled: {self.fmt} weights have no tiled layout (bf16, q8_0, q4_0)")
+        if self.tile_rows:
+            raise ShapeError(f"tiled: {self!r} is tiled already")
+        chunk = get(self.fmt).data_row_bytes(QK)
+        with self.data.device:
+            data, scales = layout.tile_planes(self.data, self.scales, rows, chunk)
+        return GpuTensor(self.fmt, self.out_features, self.in_features, data, scales, rows)
+
+    def row_major(self) -> GpuTensor:
+        """The row-major tensor (itself when it is; else new device arrays, the module
+        docstring's dtypes and shapes)."""
+        if not self.tile_rows:
+            return self
+        record = get(self.fmt)
+        n, k = self.shape
+        with self.data.device:
+            data, scales = layout.untile_planes(
+                self.data, self.scales, n, self.tile_rows, record.data_row_bytes(QK), k // QK
+            )
+            data = data.view(np.dtype(record.device_dtype)).reshape(n, -1)
+        return GpuTensor(self.fmt, n, k, data, scales)
+
     # -- back to the host ---------------------------------------------------------------------
     def dequantize(self) -> np.ndarray:
         """The exact values the kernels multiply by, as a host float32 [N, K] array (a host
@@ -174,6 +211,8 @@ class GpuTensor:
         stream, which every entry point that wrote the tensor has ordered after its work."""
         import cupy as cp
 
+        if self.tile_rows:
+            return self.row_major().dequantize()
         with self.data.device:
             if self.fmt == "f32":
                 return self.data.get()
@@ -192,6 +231,8 @@ class GpuTensor:
         """The GGML block byte stream (q8_0/q4_0), as `quant.encode_*` would write it."""
         if not get(self.fmt).scaled:
             raise QuantizationError(f"ggml_bytes: {self.fmt} is not a block format")
+        if self.tile_rows:
+            return self.row_major().ggml_bytes()
         n, k = self.shape
         d = self.scales.get().reshape(n, k // QK, 1).view(np.uint8)  # 2 bytes each
         qs = self.data.get().view(np.uint8).reshape(n, k // QK, -1)

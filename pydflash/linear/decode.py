@@ -17,7 +17,15 @@ from ..formats.format import FORMATS as WEIGHT_FORMATS
 from . import decode_v3 as _v3
 
 # shared with linear_v3 (and used as linear.split_k_plan, linear.CHUNK, ... by callers)
-from .split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, row_args, split_k_plan
+from .split import (
+    CHUNK,
+    EPILOGUES,
+    MAX_K_SPLITS,
+    GpuTensor,
+    require_row_major,
+    row_args,
+    split_k_plan,
+)
 
 __all__ = ["CHUNK", "MAX_K_SPLITS", "split_k_plan", "k_splits", "project", "project_sample"]
 
@@ -94,6 +102,7 @@ def project(
         return
     if ksplit != 1:
         raise ShapeError("f32 weights do not take a K split")
+    require_row_major(w, "linear.cu")
     args = row_args(w, x, m, out, residual)
     args["R"] = residual if residual is not None else out  # read only by the add epilogue
     pairs = -(-w.out_features // 16) * 8
@@ -129,6 +138,7 @@ def project_sample(
     offset words) are device arrays read by the kernel; token i is draft slot slot_base + i."""
     if m == 0:
         return
+    require_row_major(w, "linear.cu sample")
     n = w.out_features
     args = dict(
         row_args(w, x, m, y, residual),

@@ -90,11 +90,16 @@ _MMA_SIG = _SIG + ", int chunks_per_split, long long split_stride, int inner"
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-    """One compiled configuration: its family and kernel specs."""
+    """One compiled configuration: its families and kernel specs by (format, epilogue, nt1),
+    over row-major weights (linear_v3.cu) and over the tiled layout (linear_v3_tiled.cu: the
+    same template and arithmetic, each ring stage one contiguous run; bit for bit the same
+    results)."""
 
     config: Config
     family: Family
     mma: dict[tuple[str, str, bool], KernelSpec]
+    tiled_family: Family
+    tiled: dict[tuple[str, str, bool], KernelSpec]
 
 
 def check_config(cfg: Config) -> None:
@@ -107,17 +112,21 @@ def check_config(cfg: Config) -> None:
 def kernels_for(cfg: Config) -> Kernels:
     """The family (module linear_v3, the Config's -D options) and specs of one Config."""
     check_config(cfg)
-    fam = Family("linear_v3", cfg.defines)
-    mma = {
-        (fmt, epi, nt1): fam.kernel(f"linear3_{fmt}_{epi}" + ("_nt1" if nt1 else ""), _MMA_SIG)
-        for fmt in FORMATS
-        for epi in EPILOGUES
-        for nt1 in (False, True)
-    }
-    return Kernels(cfg, fam, mma)
+
+    def entries(fam: Family, prefix: str) -> dict[tuple[str, str, bool], KernelSpec]:
+        return {
+            (fmt, epi, nt1): fam.kernel(f"{prefix}{fmt}_{epi}" + ("_nt1" if nt1 else ""), _MMA_SIG)
+            for fmt in FORMATS
+            for epi in EPILOGUES
+            for nt1 in (False, True)
+        }
+
+    fam, tiled = Family("linear_v3", cfg.defines), Family("linear_v3_tiled", cfg.defines)
+    return Kernels(cfg, fam, entries(fam, "linear3_"), tiled, entries(tiled, "linear3t_"))
 
 
 FAMILY = kernels_for(DEFAULT).family
+TILED_FAMILY = kernels_for(DEFAULT).tiled_family
 
 
 def stage_bytes(fmt: str, mt: int, nt: int) -> int:
@@ -292,10 +301,17 @@ def project(
     groups: int | None = None,
 ) -> None:
     """linear.project's contract (out = x . w^T, residual + x . w^T, silu(gate) * up; ksplit
-    partials split_stride apart for the consumer), on the v3 kernel."""
+    partials split_stride apart for the consumer), on the v3 kernel of w's layout (a tiled
+    weight's tiles must be cfg's rows a warp)."""
+    ks = kernels_for(cfg)
+    if w.tile_rows and w.tile_rows != cfg.rows(w.fmt):
+        raise ShapeError(
+            f"linear_v3: {w.fmt} weight in tiles of {w.tile_rows} rows, the Config's warps "
+            f"take {cfg.rows(w.fmt)}"
+        )
     launch(
         rt,
-        kernels_for(cfg).mma,
+        ks.tiled if w.tile_rows else ks.mma,
         w,
         x,
         m,
@@ -327,8 +343,8 @@ def launch(
     groups: int | None,
 ) -> None:
     """project's checks, plan and launch for entries of linear_v3's signature taken from
-    `specs` by (format, epilogue, nt1): the shipped ones, or a layout's in dev/ whose planes
-    `w` carries."""
+    `specs` by (format, epilogue, nt1) (the row-major or the tiled entries: w's planes are in
+    their layout; the plan reads w's shape only)."""
     if m == 0:
         return
     args = row_args(w, x, m, out, residual)

@@ -41,6 +41,18 @@ The table, row by row (a row's reason is its H200 measurement, docs/performance.
   batched_bf16 other, < 64 rows                    the round's decode kernel (the exact path): at
                                                    M <= 32 it streams the weights once or twice
 
+And the layout a weight is stored in at load (`layout_rows`), from the modes it is read in:
+
+  tiled (linear_v3_tiled.cu)  bf16 q8_0 q4_0, when every choice above for its modes, at every
+                              row count, is decode_v3: each ring stage one contiguous run,
+                              the same results bit for bit; qwen3-8b's o / gate_up / down at
+                              16 rows 10.0 / 50.8 / 26.5 us against 11.2 / 58.2 / 30.6 (bf16),
+                              7.6 / 35.6 / 16.9 against 10.4 / 47.2 / 23.0 (q4_0)
+                              (tools/bench_linear.py --tiled). A layer's o, gate_up, down and
+                              conv projections in q8_0 / q4_0 (bf16 ones are read by
+                              gemm_bf16act in batched rounds; qkv and fc by the ingest GEMMs)
+  row-major                   every other weight
+
 A new weight format adds its rows here (and its launchers' kernels); a new architecture opts
 in through pydflash.device.caps.ARCHS, which this table reads as Caps.wgmma / Caps.tma.
 `Policy` holds the choices a benchmark may force, as an explicit argument (the defaults are
@@ -77,6 +89,10 @@ SMALL_TILE_ROWS = 128
 # the large tiles of a wgmma device Policy.wgmma_tile may name: the cp.async wgmma tile and the
 # TMA tile (the default where tensor maps take the call)
 WGMMA_TILES = (gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES)
+# a row count on each side of every threshold of the table
+PROBE_ROWS = (1, 16, BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM_ROWS, 4096)
+# the modes a layer's o, gate_up, down and DFlash2 conv projections are read in
+ROUND_ONLY = ("round", "batched_bf16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +103,8 @@ class Policy:
     # batched_bf16 / ingest's large tile on wgmma: one of WGMMA_TILES (the tiles the package
     # ships; dev/gemm_bf16act_tiles.py launches the others explicitly)
     wgmma_tile: str = gemm_bf16act.SM90_TILE
+    # the tiled layout for the weights only the decode linear reads (False: all row-major)
+    tiled_decode: bool = True
 
     def __post_init__(self) -> None:
         if self.wgmma_tile not in WGMMA_TILES:
@@ -180,14 +198,31 @@ def choose(
 def families(fmt: str, caps: Caps, ks: Iterable[int], policy: Policy = DEFAULT) -> list[Family]:
     """The kernel families the table may choose for `fmt` weights of in_features `ks` on this
     device, in every mode and at every row count (what a drafter precompiles)."""
-    rows = (1, 16, BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM_ROWS, 4096)
     found: dict[str, Family] = {}
     for k in ks:
         for mode in MODES:
-            for m in rows:
+            for m in PROBE_ROWS:
                 for fam in _families_of(choose(mode, fmt, m, caps, k=k, policy=policy)):
                     found[fam.module] = fam
+        if layout_rows(fmt, ROUND_ONLY, caps, k=k, policy=policy):
+            found[decode_v3.TILED_FAMILY.module] = decode_v3.TILED_FAMILY
     return list(found.values())
+
+
+def layout_rows(
+    fmt: str, modes: Iterable[str], caps: Caps, *, k: int, policy: Policy = DEFAULT
+) -> int:
+    """The rows a tile of the layout a weight read in `modes` is stored in at load: the decode
+    linear's tiled layout (linear_v3's rows a warp) when every kernel the table may choose for
+    it, at any row count, is decode_v3; 0 (row-major) otherwise, or with no modes."""
+    modes = tuple(modes)
+    if not policy.tiled_decode or fmt not in decode_v3.FORMATS or not modes:
+        return 0
+    for mode in modes:
+        for m in PROBE_ROWS:
+            if choose(mode, fmt, m, caps, k=k, policy=policy).kernel != "decode_v3":
+                return 0
+    return decode_v3.DEFAULT.rows(fmt)
 
 
 def _families_of(choice: Choice) -> tuple[Family, ...]:

@@ -17,7 +17,7 @@ import numpy as np
 from ..device.kernels import Family
 from ..errors import ShapeError, UnsupportedDeviceError
 from ..formats.format import FORMATS as WEIGHT_FORMATS
-from .split import checked_row_stride
+from .split import checked_row_stride, require_row_major
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
@@ -71,6 +71,7 @@ def matmul(rt: Runtime, w: GpuTensor, x: Any, m: int, out: Any) -> None:
     is a multiple of 4 floats: the tiles arrive by 16-byte cp.async)."""
     if w.fmt not in GEMM:
         raise ShapeError(f"w: the GEMM takes {FORMATS} weights, found {w.fmt}")
+    require_row_major(w, "gemm")
     if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)) or m < 0:
         raise ShapeError(f"m must be a non-negative integer, found {m!r}")
     n, k = w.out_features, w.in_features

@@ -20,7 +20,14 @@ import numpy as np
 from ..device import tensormap
 from ..device.kernels import Family, KernelSpec
 from ..errors import ArgumentError, ShapeError, UnsupportedDeviceError
-from .split import CHUNK, checked_row_stride, row_stride, split_k_plan, split_problems
+from .split import (
+    CHUNK,
+    checked_row_stride,
+    require_row_major,
+    row_stride,
+    split_k_plan,
+    split_problems,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
@@ -242,6 +249,7 @@ def _check(
     tile."""
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
+    require_row_major(w, "gemm_bf16act")
     if isinstance(tile, Tile):
         t = tile
     elif tile in KERNELS:

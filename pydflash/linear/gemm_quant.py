@@ -20,7 +20,7 @@ from ..device.kernels import Family
 from ..errors import ShapeError, UnsupportedDeviceError
 from ..formats.format import FORMATS as WEIGHT_FORMATS
 from . import gemm_bf16act
-from .split import checked_row_stride, split_problems
+from .split import checked_row_stride, require_row_major, split_problems
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
@@ -74,6 +74,7 @@ def project_split(
     there and never read). x: float32 [>= m, K] rows; out: contiguous float32 of >=
     split_stride + m * N elements; scratch: uint16, >= (P + m) * K elements, 16-byte aligned."""
     n, k = w.out_features, w.in_features
+    require_row_major(w, "gemm_quant")
     ldx = checked_row_stride(x, "x", m, k)
     problems = []
     if ldx % 4 or x.data.ptr % 16:  # split_bf16 reads float4s

@@ -26,6 +26,16 @@ class GpuTensor(Protocol):
     in_features: int
     data: Any
     scales: Any
+    tile_rows: int  # 0: row-major planes; else the decode linear's tiled layout
+
+
+def require_row_major(w: GpuTensor, kernel: str) -> None:
+    """Every kernel but the decode linear reads row-major planes only."""
+    if w.tile_rows:
+        raise ShapeError(
+            f"{kernel}: the weight [{w.out_features}, {w.in_features}] is in the tiled layout "
+            f"({w.tile_rows} rows a tile), which only the decode linear reads"
+        )
 
 
 def row_stride(a: Any, default: int) -> int:

@@ -36,4 +36,10 @@ FAMILIES = tuple(
         quant,
         verify,
     )
-) + (*attention.FAMILIES, gemm_bf16act.FAMILY_SM90, gemm_bf16act.FAMILY_TMA, gemm_quant.FAMILY)
+) + (
+    *attention.FAMILIES,
+    linear_v3.TILED_FAMILY,
+    gemm_bf16act.FAMILY_SM90,
+    gemm_bf16act.FAMILY_TMA,
+    gemm_quant.FAMILY,
+)

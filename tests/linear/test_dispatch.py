@@ -168,3 +168,37 @@ def test_every_shipped_tile_is_one_the_table_takes():
                     if c.kernel.startswith("bf16act"):
                         taken.add(c.tile)
     assert taken == set(gemm_bf16act.ALL_TILES)
+
+
+@pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
+def test_layout_rows_tile_only_what_the_decode_linear_alone_reads(caps):
+    """The round-only weights (o, gate_up, down, conv projections) of q8_0 / q4_0 are tiled in
+    linear_v3's rows a warp; bf16 ones are read by gemm_bf16act in batched rounds, qkv by the
+    ingest GEMMs (its kv rows), fc by the features GEMM, f32 by linear.cu: all row-major."""
+    from pydflash.linear import decode_v3
+
+    for fmt in ("q8_0", "q4_0"):
+        rows = dispatch.layout_rows(fmt, dispatch.ROUND_ONLY, caps, k=4096)
+        assert rows == decode_v3.DEFAULT.rows(fmt) == 64
+        assert dispatch.layout_rows(fmt, ("round",), caps, k=4096) == rows
+        assert dispatch.layout_rows(fmt, (*dispatch.ROUND_ONLY, "ingest"), caps, k=4096) == 0
+        assert dispatch.layout_rows(fmt, ("features",), caps, k=4096) == 0
+        assert dispatch.layout_rows(fmt, (), caps, k=4096) == 0  # no modes: row-major
+        off = dispatch.Policy(tiled_decode=False)
+        assert dispatch.layout_rows(fmt, dispatch.ROUND_ONLY, caps, k=4096, policy=off) == 0
+    assert dispatch.layout_rows("bf16", dispatch.ROUND_ONLY, caps, k=4096) == 0
+    assert dispatch.layout_rows("bf16", ("round",), caps, k=4096) == 64  # no batched reader
+    assert dispatch.layout_rows("f32", ("round",), caps, k=4096) == 0
+
+
+def test_families_hold_the_tiled_family_where_the_layout_is_tiled():
+    from pydflash.linear import decode_v3
+
+    def modules(fmt, policy=dispatch.DEFAULT):
+        return {f.module for f in dispatch.families(fmt, H200, [4096], policy)}
+
+    assert decode_v3.TILED_FAMILY.module == "linear_v3_tiled"
+    for fmt in ("q8_0", "q4_0"):
+        assert {"linear_v3", "linear_v3_tiled"} <= modules(fmt)
+        assert "linear_v3_tiled" not in modules(fmt, dispatch.Policy(tiled_decode=False))
+    assert "linear_v3_tiled" not in modules("bf16") | modules("f32")

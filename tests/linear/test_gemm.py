@@ -35,7 +35,12 @@ def fake_rt(smem=227 * 1024):
 
 def fake_w(fmt="bf16", n=2048, k=4096):
     return types.SimpleNamespace(
-        fmt=fmt, out_features=n, in_features=k, data=FakeArray((n, k), dtype=np.uint16), scales=None
+        fmt=fmt,
+        out_features=n,
+        in_features=k,
+        data=FakeArray((n, k), dtype=np.uint16),
+        scales=None,
+        tile_rows=0,
     )
 
 

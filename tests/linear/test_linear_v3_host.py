@@ -45,7 +45,12 @@ class Recorder:
 def weight(fmt, n, k):
     scales = None if fmt == "bf16" else FakeArray((n, k // 32), 2, 0x30000)
     return types.SimpleNamespace(
-        fmt=fmt, out_features=n, in_features=k, data=FakeArray((n, k), 2), scales=scales
+        fmt=fmt,
+        out_features=n,
+        in_features=k,
+        data=FakeArray((n, k), 2),
+        scales=scales,
+        tile_rows=0,
     )
 
 
@@ -137,7 +142,12 @@ def test_silu_mul_needs_whole_gate_up_tiles(n):
 def test_f32_weights_take_linear_cus_ffma_kernel():
     rt = Recorder(**H200)
     w32 = types.SimpleNamespace(
-        fmt="f32", out_features=64, in_features=64, data=FakeArray((64, 64)), scales=None
+        fmt="f32",
+        out_features=64,
+        in_features=64,
+        data=FakeArray((64, 64)),
+        scales=None,
+        tile_rows=0,
     )
     linear.project(rt, w32, FakeArray((4, 64)), 4, FakeArray((4, 64)))
     assert rt.launches[-1][0].name == "linear_f32_store"

@@ -1,7 +1,7 @@
 // linear_v3 over a tiled weight layout: cuda_src/linear_v3.cuh's template with Tiled3 as its
 // weight source instead of RowMajor3, the store / add / silu_mul entries (linear3t_<format>_
-// <epilogue>[_nt1]). Launcher, layout and tests: dev/linear_v3_tiled.py; the same -D constants
-// as linear_v3.cu (a decode_v3.Config's).
+// <epilogue>[_nt1]). Launcher: pydflash/linear/decode_v3.py (a GpuTensor with tile_rows); the
+// layout: pydflash/formats/layout.py; the same -D constants as linear_v3.cu (a decode_v3.Config's).
 //
 // The layout (ROWS = 16 * MT rows a warp, RB a row's bytes of one 32-chunk, C = K / 32):
 //   weights [ceil(N / ROWS) row tiles][C chunks][ROWS rows][RB bytes]: what one ring stage

@@ -1,7 +1,7 @@
-"""dev/linear_v3_tiled.py on the GPU (skipped without CUDA): over the tiled layout linear_v3
-gives its row-major results bit for bit, in every format, epilogue, token count (one and two
+"""linear_v3 over the tiled layout on the GPU (skipped without CUDA): a GpuTensor.tiled weight
+gives the row-major results bit for bit, in every format, epilogue, token count (one and two
 token groups of 8 / 16, several groups), K split and slice count, with a ragged last row tile;
-the layout gives the planes and the values back exactly."""
+row_major() gives the planes and the values back exactly."""
 
 import numpy as np
 import pytest
@@ -17,13 +17,13 @@ FORMATS = ["bf16", "q8_0", "q4_0"]
 @pytest.mark.parametrize("epilogue", ["store", "add", "silu_mul"])
 @pytest.mark.parametrize("n,k", [(1008, 2880), (208, 512)])  # ragged last tiles
 def test_tiled_equals_row_major_bit_for_bit(engine, rng, fmt, epilogue, n, k):
-    from dev import linear_v3_tiled as lt
     from pydflash import GpuTensor
     from pydflash.linear import decode_v3
 
     e = engine
     w = GpuTensor.from_host(e, rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), fmt)
-    tw = lt.TiledTensor.of(w)
+    with e.ordered():
+        tw = w.tiled(decode_v3.DEFAULT.rows(fmt))
     cols = n // 2 if epilogue == "silu_mul" else n
     for m in (1, 5, 16, 37):
         x = e.htod(rng.standard_normal((m, k)).astype(np.float32))
@@ -32,10 +32,10 @@ def test_tiled_equals_row_major_bit_for_bit(engine, rng, fmt, epilogue, n, k):
         for ks in splits:
             for inner in (None, 1, 4):
                 outs = []
-                for project, weight in ((decode_v3.project, w), (lt.project, tw)):
+                for weight in (w, tw):
                     out = poisoned(e, (ks, m, cols))
                     with e.ordered():
-                        project(
+                        decode_v3.project(
                             e,
                             weight,
                             x,
@@ -54,17 +54,25 @@ def test_tiled_equals_row_major_bit_for_bit(engine, rng, fmt, epilogue, n, k):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_tiled_tensor_gives_the_row_major_planes_and_values_back(engine, rng, fmt):
-    from dev import linear_v3_tiled as lt
     from pydflash import GpuTensor
+    from pydflash.errors import ShapeError
+    from pydflash.linear import decode_v3
 
     n, k = 333, 640
     w = GpuTensor.from_host(engine, rng.standard_normal((n, k)).astype(np.float32), fmt)
-    tw = lt.TiledTensor.of(w)
+    rows = decode_v3.DEFAULT.rows(fmt)
+    with engine.ordered():
+        tw = w.tiled(rows)
+    assert tw.tile_rows == rows and tw.row_major() is not tw and w.row_major() is w
     back = tw.row_major()
     assert back.data.dtype == w.data.dtype and back.data.shape == w.data.shape
     np.testing.assert_array_equal(cp.asnumpy(back.data), cp.asnumpy(w.data))
     if w.scales is not None:
         np.testing.assert_array_equal(cp.asnumpy(back.scales), cp.asnumpy(w.scales))
+        np.testing.assert_array_equal(tw.ggml_bytes(), w.ggml_bytes())
     np.testing.assert_array_equal(tw.dequantize(), w.dequantize())
-    rows = tw.rows
     assert tw.data.size == -(-n // rows) * rows * w.data.view(cp.uint8).shape[1]
+    other = w.tiled(rows // 2)  # tiles a Config's warps do not take: refused by name
+    x, out = engine.htod(np.ones((4, k), np.float32)), cp.zeros((1, 4, n), np.float32)
+    with pytest.raises(ShapeError, match=f"tiles of {rows // 2} rows"):
+        decode_v3.project(engine, other, x, 4, out)

@@ -1,13 +1,16 @@
-"""dev/linear_v3_tiled.py on the host: the layout is a byte-exact re-ordering with an exact
-inverse, and the ring stage every lane's copies assemble from it (Tiled3's addresses, written
-out below as the kernel computes them) is the stage RowMajor3 assembles from the row-major
-planes, for every row tile, chunk, slice count and lane: the kernel's arithmetic then sees the
-same shared memory, so its results are linear_v3's bit for bit."""
+"""pydflash.formats.layout on the host: the tiled layout is a byte-exact re-ordering with an
+exact inverse, and the ring stage every lane's copies assemble from it (Tiled3's addresses in
+cuda_src/linear_v3_tiled.cu, written out below as the kernel computes them) is the stage
+RowMajor3 assembles from the row-major planes, for every row tile, chunk and lane: the
+kernel's arithmetic then sees the same shared memory, so its results are linear_v3's bit for
+bit. GpuTensor's refusals of the layout need no device."""
 
 import numpy as np
 import pytest
 
-from dev import linear_v3_tiled as lt
+from pydflash.errors import ShapeError
+from pydflash.formats import layout
+from pydflash.formats.tensor import GpuTensor
 from pydflash.linear import decode_v3
 
 FORMATS = decode_v3.FORMATS  # bf16, q8_0, q4_0
@@ -25,7 +28,7 @@ def planes(rng, fmt, n, k):
 def test_tiles_are_a_byte_exact_reordering_with_an_inverse(fmt, n, k, rows):
     rng = np.random.default_rng(n * k + rows)
     data, scales, rb = planes(rng, fmt, n, k)
-    td, ts = lt.tile_planes(data, scales, rows, rb)
+    td, ts = layout.tile_planes(data, scales, rows, rb)
     t, c = -(-n // rows), k // 32
     assert td.shape == (t * c * rows * rb,) and td.dtype == np.uint8
     grid = td.reshape(t, c, rows, rb)
@@ -37,7 +40,7 @@ def test_tiles_are_a_byte_exact_reordering_with_an_inverse(fmt, n, k, rows):
     pad = t * rows - n
     if pad:
         assert not grid[-1, :, rows - pad :].any()  # rows past N are zero
-    back, sback = lt.untile_planes(td, ts, n, rows, rb, c)
+    back, sback = layout.untile_planes(td, ts, n, rows, rb, c)
     np.testing.assert_array_equal(back, data)
     if scales is None:
         assert ts is None and sback is None
@@ -46,6 +49,16 @@ def test_tiles_are_a_byte_exact_reordering_with_an_inverse(fmt, n, k, rows):
         last = n - 1  # the last row's last scale: tile last // rows, row last % rows
         assert ts.reshape(t, c, rows)[last // rows, c - 1, last % rows] == scales[last, c - 1]
         np.testing.assert_array_equal(sback, scales)
+
+
+def test_planes_of_the_wrong_size_are_refused():
+    data = np.zeros((10, 64), np.uint8)
+    with pytest.raises(ShapeError, match="is not 48-chunks"):
+        layout.tile_planes(data, None, 16, 48)
+    with pytest.raises(ShapeError, match=r"scales \(10, 3\), expected \(10, 2\)"):
+        layout.tile_planes(data, np.zeros((10, 3), np.uint16), 16, 32)
+    with pytest.raises(ShapeError, match="expected 1024"):
+        layout.untile_planes(np.zeros(1000, np.uint8), None, 10, 16, 32, 2)
 
 
 def stage_row_major(data, scales, fmt, mt, row0, c, n, sc_base):
@@ -120,7 +133,7 @@ def test_every_stage_the_tiled_copies_assemble_is_the_row_major_one(fmt, mt):
     rows = 16 * mt
     n, k = 2 * rows + 24, 160  # a ragged last tile, 5 chunks
     data, scales, rb = planes(rng, fmt, n, k)
-    td, ts = lt.tile_planes(data, scales, rows, rb)
+    td, ts = layout.tile_planes(data, scales, rows, rb)
     for sc_base in (0x1000, 0x1002):  # a scale plane starting on either half of a word
         for row0 in range(0, n, rows):
             for c in range(k // 32):
@@ -135,10 +148,30 @@ def test_every_stage_the_tiled_copies_assemble_is_the_row_major_one(fmt, mt):
                         assert got_s[r] == 0
 
 
-def test_a_non_tensor_core_weight_is_refused():
-    from pydflash import GpuTensor
-    from pydflash.errors import ShapeError
+def test_gpu_tensor_refuses_what_the_layout_cannot_hold():
+    f32 = GpuTensor("f32", 64, 32, np.zeros((64, 32), np.float32))
+    with pytest.raises(ShapeError, match="f32 weights have no tiled layout"):
+        f32.tiled(64)
+    tiled = GpuTensor("q8_0", 64, 32, np.zeros(2048, np.uint8), np.zeros(64, np.uint16), 64)
+    with pytest.raises(ShapeError, match="tiled already"):
+        tiled.tiled(64)
+    with pytest.raises(ShapeError, match=r"is tiled; use row_major\(\) first"):
+        tiled.rows(0, 32)
+    assert "tiled 64" in repr(tiled)
 
-    w = GpuTensor("f32", 64, 32, np.zeros((64, 32), np.float32))
-    with pytest.raises(ShapeError, match="f32 weights are not tensor-core formats"):
-        lt.TiledTensor.of(w)
+
+def test_kernels_that_read_row_major_planes_refuse_a_tiled_weight():
+    """gemm.cu, gemm_quant, gemm_bf16act and linear.cu refuse it by name before any launch."""
+    from pydflash.linear import decode, gemm, gemm_bf16act, gemm_quant
+
+    q8 = GpuTensor("q8_0", 64, 32, np.zeros(2048, np.uint8), np.zeros(64, np.uint16), 64)
+    bf = GpuTensor("bf16", 64, 32, np.zeros(4096, np.uint8), None, 64)
+    x = np.zeros((4, 32), np.float32)
+    with pytest.raises(ShapeError, match="gemm: the weight .64, 32. is in the tiled layout"):
+        gemm.matmul(None, q8, x, 4, np.zeros((4, 64), np.float32))
+    with pytest.raises(ShapeError, match="gemm_quant: .* tiled layout"):
+        gemm_quant.project_split(None, q8, x, 4, None, 256, scratch=None)
+    with pytest.raises(ShapeError, match="gemm_bf16act: .* tiled layout"):
+        gemm_bf16act.project(None, bf, x, 4, None, scratch=None, tile="w4_64x128_k64")
+    with pytest.raises(ShapeError, match="linear.cu sample: .* tiled layout"):
+        decode.project_sample(None, q8, x, 4, params=None, rng=None, apply_cap=False)

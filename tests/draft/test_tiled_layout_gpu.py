@@ -1,0 +1,105 @@
+"""The drafter with its round-only weights in the decode linear's tiled layout (the dispatch
+table's default for q8_0 / q4_0: linear.layout_rows) against the same checkpoint loaded all
+row-major (Policy(tiled_decode=False)): forward_round, propose (greedy and sampled), commit and
+batched rounds in both activation modes bit for bit, the reference weights identical, called
+from CuPy's default stream with fresh inputs read back with cp.asnumpy (skipped without a
+CUDA device)."""
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
+
+
+def _load_both(engine, ckpt, precision):
+    from pydflash import DflashDraft, linear
+
+    tiled = DflashDraft.load(engine, ckpt, precision, progress=None)
+    flat = DflashDraft.load(
+        engine, ckpt, precision, policy=linear.Policy(tiled_decode=False), progress=None
+    )
+    return tiled, flat
+
+
+def _layouts(d):
+    return [
+        (w.fmt, w.tile_rows)
+        for la in d.layers
+        for w in (la.qkv, la.o, la.gate_up, la.down, *la.round_weights[4:])
+    ] + [(d.fc.fmt, d.fc.tile_rows)]
+
+
+@pytest.mark.parametrize("precision", ["q8_0", "q4_0", "mixed", "bf16"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny-dspark", "tiny-dflash2", "tiny-swa"])
+def test_tiled_drafter_equals_row_major_bit_for_bit(
+    engine, preset_checkpoint, rng, preset, precision
+):
+    tiled, flat = _load_both(engine, preset_checkpoint(preset), precision)
+    for la in tiled.layers:  # the table's layout: quantized round-only weights tiled
+        assert la.qkv.tile_rows == 0
+        for w in la.round_weights[1:]:
+            assert w.tile_rows == (64 if w.fmt in ("q8_0", "q4_0") else 0), (w, precision)
+    assert tiled.fc.tile_rows == 0
+    assert all(r == 0 for _, r in _layouts(flat))
+    ref_t, ref_f = tiled.reference_weights(), flat.reference_weights()
+    assert ref_t.keys() == ref_f.keys()
+    for name in ref_t:
+        np.testing.assert_array_equal(ref_t[name], ref_f[name], err_msg=name)
+
+    c, e = tiled.cfg, engine
+    ctx = 37
+    taps = rng.standard_normal((ctx + 3, c.tap_width), dtype=np.float32)
+    noise = rng.standard_normal((c.block_size, c.hidden), dtype=np.float32)
+    vocab = c.vocab_size
+    table = rng.standard_normal((vocab, c.hidden), dtype=np.float32)
+    lm = rng.standard_normal((vocab, c.hidden), dtype=np.float32) / np.float32(8.0)
+    results = []
+    for d in (tiled, flat):
+        got = []
+        kv = d.new_kv(e, ctx + 2 * c.block_size + 4)
+        d.ingest_ctx(e, kv, d.ctx_features(e, cp.asarray(taps[:ctx]), ctx), np.arange(ctx), ctx)
+        pos = np.arange(ctx, ctx + c.block_size)
+        for _ in range(2):  # captured, then replayed
+            got.append(cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise), pos)))
+        for t in (0.0, 0.7):
+            for _ in range(2):
+                p = d.propose(e, kv, 3, ctx, cp.asarray(table), cp.asarray(lm), temperature=t)
+                got.append(cp.asnumpy(p.tokens))
+        d.commit(e, kv, cp.asarray(taps[ctx : ctx + 3]), np.arange(ctx, ctx + 3), 3)
+        got.append(cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise), pos + 3)))
+        pool = d.new_batch_kv(e, 3, ctx + c.block_size)
+        slots = [pool.add() for _ in range(3)]
+        counts = [ctx, ctx - 4, ctx - 9]
+        feats = d.ctx_features(
+            e, cp.asarray(np.concatenate([taps[:n] for n in counts])), sum(counts)
+        )
+        d.ingest_batch(
+            e, pool, slots, feats, np.concatenate([np.arange(n) for n in counts]), counts
+        )
+        blocks = np.stack([np.arange(n, n + c.block_size) for n in counts])
+        for act in ("f32", "bf16"):
+            out = d.forward_round_batch(
+                e, pool, slots, cp.asarray(np.stack([noise] * 3)), blocks, activations=act
+            )
+            got.append(cp.asnumpy(out))
+        results.append(got)
+    for i, (a, b) in enumerate(zip(*results)):
+        assert np.isfinite(a.astype(np.float64)).all()
+        np.testing.assert_array_equal(a, b, err_msg=f"result {i}")
+
+
+@pytest.mark.parametrize("precision", ["q4_0", "q8_0"])
+def test_tiled_public_geometry_round_at_ctx_4096(engine, preset_checkpoint, rng, precision):
+    """qwen3-8b-b16's widths and 4096 ctx rows: the same bits."""
+    tiled, flat = _load_both(engine, preset_checkpoint("qwen3-8b-b16"), precision)
+    c, e, ctx = tiled.cfg, engine, 4096
+    taps = rng.standard_normal((ctx, c.tap_width), dtype=np.float32)
+    noise = rng.standard_normal((c.block_size, c.hidden), dtype=np.float32)
+    outs = []
+    for d in (tiled, flat):
+        kv = d.new_kv(e, ctx + c.block_size)
+        d.ingest_ctx(e, kv, d.ctx_features(e, cp.asarray(taps), ctx), np.arange(ctx), ctx)
+        pos = np.arange(ctx, ctx + c.block_size)
+        outs.append(cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise), pos)))
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])
