@@ -600,10 +600,12 @@ def main(argv: list[str] | None = None) -> int:
                 policy,
             )
             cp.get_default_memory_pool().free_all_blocks()
-        runs = [(p, p, policy) for p in ([] if args.batch else args.precision)]
-        if args.row_major:
-            flat = dataclasses.replace(policy, tiled_decode=False)
-            runs += [(p, f"{p}-rm", flat) for p in ([] if args.batch else args.precision)]
+        # --row-major: each precision's row-major run right after its own (drift between
+        # the two stays out of their difference)
+        flat = dataclasses.replace(policy, tiled_decode=False)
+        runs = []
+        for p in [] if args.batch else args.precision:
+            runs += [(p, p, policy)] + ([(p, f"{p}-rm", flat)] if args.row_major else [])
         for precision, name, run_policy in runs:
             got = bench_precision(
                 cp,

@@ -140,10 +140,11 @@ class PoolRounds:
             count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
             copies = self.buf.xn.size + self.buf.attn.size + self.buf.ff.size
             with e.allocating(2 * (count + copies), f"bf16 activations of {self.cap} sequences"):
-                self.scratch = e.empty((count,), np.uint16)
-                self.xn_b = e.empty(self.buf.xn.shape, np.uint16)
-                self.attn_b = e.empty(self.buf.attn.shape, np.uint16)
-                self.ff_b = e.empty(self.buf.ff.shape, np.uint16)
+                # zeros: the padding sequences' rows are read, never written (RoundBuffers)
+                self.scratch = e.zeros((count,), np.uint16)
+                self.xn_b = e.zeros(self.buf.xn.shape, np.uint16)
+                self.attn_b = e.zeros(self.buf.attn.shape, np.uint16)
+                self.ff_b = e.zeros(self.buf.ff.shape, np.uint16)
 
     def round(self, n: int, pool: DflashBatchKv, activations: str = "f32") -> BatchRound:
         state = self.io[: n * self.ld]

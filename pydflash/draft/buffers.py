@@ -71,8 +71,11 @@ class RoundBuffers(KSplits):
         super().__init__(e, layer)
         self.seqs = seqs
         hilo = seqs == 1 and linear.holds_hilo_scratch(e, layer.kv, policy)
+        # a batched bucket's padding sequences are read by the norms and linears (row-wise, their
+        # results dropped) and never written by attention: zeros keep them defined
+        alloc = e.empty if seqs == 1 else e.zeros
         for name, shape in _shapes(cfg, layer, seqs, self, hilo).items():
-            setattr(self, name, e.empty(shape))
+            setattr(self, name, alloc(shape))
         self.att = attention.Scratch(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
