@@ -21,7 +21,8 @@
 # sanitize: compute-sanitizer's memcheck, racecheck, initcheck and synccheck over
 #          tools/sanitize_round.py (every kind of call once, checked against the reference) on
 #          tiny, tiny-swa, tiny-dspark and tiny-dflash2 in every precision, and qwen3-8b-b16 (memcheck
-#          in every precision, the other tools in bf16), SANITIZE_PARALLEL (10) jobs at once
+#          in every precision, a job each; the other tools in bf16, a job per part),
+#          SANITIZE_PARALLEL (10) jobs at once
 # profile: Nsight Compute's per-kernel time and DRAM bytes of one call (tools/profile_round.py)
 #          for issue 10's distances, and the stall reasons of the attention partial, the q4_0
 #          decode linear and the quantized ingest tile
@@ -114,23 +115,29 @@ if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in 
   run bench_gemma_long python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
 fi
 if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
-  # one job a line: tool, checkpoint, ctx, precisions; SANITIZE_PARALLEL (10) at once on the
-  # one GPU (racecheck over a public geometry is the slowest: a short ctx)
+  # one job a line: log name, tool, checkpoint, ctx, then sanitize_round's own arguments;
+  # SANITIZE_PARALLEL (10) at once on the one GPU. qwen3-8b-b16's runs are split by precision
+  # (memcheck) and by part (the other tools: racecheck over a public geometry is the slowest)
   : > "$OUT/sanitize_jobs.txt"
   for tool in memcheck racecheck initcheck synccheck; do
     for p in tiny tiny-swa tiny-dspark tiny-dflash2; do
-      echo "$tool $p 40 f32 bf16 q8_0 q4_0 mixed" >> "$OUT/sanitize_jobs.txt"
+      echo "${tool}_$p $tool $p 40 --precision f32 bf16 q8_0 q4_0 mixed" >> "$OUT/sanitize_jobs.txt"
     done
   done
-  echo "memcheck qwen3-8b-b16 300 f32 bf16 q8_0 q4_0 mixed" >> "$OUT/sanitize_jobs.txt"
+  for prec in f32 bf16 q8_0 q4_0 mixed; do
+    echo "memcheck_qwen3-8b-b16_$prec memcheck qwen3-8b-b16 300 --precision $prec" >> "$OUT/sanitize_jobs.txt"
+  done
   for tool in racecheck initcheck synccheck; do
-    echo "$tool qwen3-8b-b16 64 bf16" >> "$OUT/sanitize_jobs.txt"
+    for part in round propose commit batch; do
+      echo "${tool}_qwen3-8b-b16_$part $tool qwen3-8b-b16 64 --precision bf16 --parts $part" >> "$OUT/sanitize_jobs.txt"
+    done
   done
   sanitize_job() {
-    read -r tool p ctx precs <<< "$1"
+    read -r name tool p ctx args <<< "$1"
+    # shellcheck disable=SC2086  # args: sanitize_round's arguments, split on purpose
     compute-sanitizer --tool "$tool" --error-exitcode 1 python3 tools/sanitize_round.py \
-      --ckpt "$CKPT/$p" --precision $precs --ctx "$ctx" > "$OUT/sanitize_${tool}_$p.log" 2>&1 \
-      || echo "FAILED: sanitize_${tool}_$p" >> "$OUT/failed.log"
+      --ckpt "$CKPT/$p" --ctx "$ctx" $args > "$OUT/sanitize_$name.log" 2>&1 \
+      || echo "FAILED: sanitize_$name" >> "$OUT/failed.log"
   }
   export -f sanitize_job; export OUT CKPT
   # beside them, memcheck over the GPU tests of the kernels one by one (their own geometries)

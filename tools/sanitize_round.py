@@ -2,7 +2,8 @@
 ctx_features + ingest_ctx, forward_round (eager, then captured and replayed), forward_block,
 propose (greedy and sampled, replayed), commit (replayed), and a batched round of 3 sequences
 (exact and bf16 activations, replayed), each checked against the NumPy reference so a run that
-"passes" the sanitizer also computed the right thing.
+"passes" the sanitizer also computed the right thing. `--parts round propose commit batch`
+picks some of them (each part ingests its own KV), so slow tools can run the parts apart.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 \\
         python3 tools/sanitize_round.py --ckpt DIR --precision bf16 q8_0 --ctx 300
@@ -62,7 +63,10 @@ def draft_tables(c: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarr
     return table, lm, int(rng.integers(vocab))
 
 
-def check(precision: str, ckpt: Path, ctx: int) -> list[str]:
+PARTS = ("round", "propose", "commit", "batch")  # each one builds its own KV: run apart or together
+
+
+def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) -> list[str]:
     import cupy as cp
 
     from pydflash import DflashDraft, Engine
@@ -83,29 +87,37 @@ def check(precision: str, ckpt: Path, ctx: int) -> list[str]:
         if not err < bound:
             bad.append(f"{precision} {name}: rel {err:.2e} >= {bound:g}")
 
+    tables = draft_tables(c, rng)  # drawn whatever the parts: the same inputs either way
     feats = d.ctx_features(e, cp.asarray(taps[:ctx]), ctx)
-    expect("ctx_features", feats, ref.ctx_features(taps[:ctx], ctx))
     kv = d.new_kv(e, ctx + 2 * b + 3)
     d.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
-    rkv = ReferenceKv(c, ctx + 2 * b + 3, np.float64, d.kv_dtype)
-    ref.ingest_ctx(rkv, ref.ctx_features(taps[:ctx], ctx), pos[:ctx], ctx)
-    want = ref.forward_round(rkv, noise, np.arange(ctx, ctx + b))
-    for name in ("forward_round eager", "forward_round captured", "forward_round replayed"):
-        expect(name, d.forward_round(e, kv, cp.asarray(noise), np.arange(ctx, ctx + b)), want)
-    expect(
-        "forward_block",
-        d.forward_block(e, feats, cp.asarray(noise), pos[: ctx + b], ctx),
-        ref.forward(taps[:ctx], noise, pos[: ctx + b], ctx),
-    )
-    table, lm, last = (cp.asarray(a) for a in draft_tables(c, rng))
-    last = int(last)
-    for temperature in (0.0, 0.8):
-        for _ in range(3):  # eager, captured, replayed
-            p = d.propose(e, kv, last, ctx, table, lm, temperature=temperature)
-        print(f"{precision:6s} propose T={temperature:<4} tokens {cp.asnumpy(p.tokens)[:4]}")
-    for at, t in commit_schedule(ctx):
-        assert at == kv.len, (at, kv.len)
-        d.commit(e, kv, cp.asarray(taps[at : at + t]), np.arange(at, at + t), t)
+    if "round" in parts:
+        expect("ctx_features", feats, ref.ctx_features(taps[:ctx], ctx))
+        rkv = ReferenceKv(c, ctx + 2 * b + 3, np.float64, d.kv_dtype)
+        ref.ingest_ctx(rkv, ref.ctx_features(taps[:ctx], ctx), pos[:ctx], ctx)
+        want = ref.forward_round(rkv, noise, np.arange(ctx, ctx + b))
+        for name in ("forward_round eager", "forward_round captured", "forward_round replayed"):
+            expect(name, d.forward_round(e, kv, cp.asarray(noise), np.arange(ctx, ctx + b)), want)
+        expect(
+            "forward_block",
+            d.forward_block(e, feats, cp.asarray(noise), pos[: ctx + b], ctx),
+            ref.forward(taps[:ctx], noise, pos[: ctx + b], ctx),
+        )
+    if "propose" in parts:
+        table, lm, last = (cp.asarray(a) for a in tables)
+        last = int(last)
+        for temperature in (0.0, 0.8):
+            for _ in range(3):  # eager, captured, replayed
+                p = d.propose(e, kv, last, ctx, table, lm, temperature=temperature)
+            print(f"{precision:6s} propose T={temperature:<4} tokens {cp.asnumpy(p.tokens)[:4]}")
+    if "commit" in parts:
+        for at, t in commit_schedule(ctx):
+            assert at == kv.len, (at, kv.len)
+            d.commit(e, kv, cp.asarray(taps[at : at + t]), np.arange(at, at + t), t)
+        print(f"{precision:6s} commit {COMMITS} rows   len {kv.len}")
+    if "batch" not in parts:
+        e.synchronize()
+        return bad
     pool = d.new_batch_kv(e, 3, ctx + 2 * b)
     slots = [pool.add() for _ in range(3)]
     counts = [ctx, ctx - 5, ctx - 9]
@@ -138,13 +150,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt", required=True, type=Path)
     ap.add_argument("--precision", nargs="+", default=["bf16"], choices=PRECISIONS)
     ap.add_argument("--ctx", type=int, default=300)
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        default=list(PARTS),
+        choices=PARTS,
+        help="which calls to check (default all; separate jobs can check parts in parallel)",
+    )
     args = ap.parse_args(argv)
-    if not 1 <= args.ctx <= 1 << 16:
-        ap.error(f"--ctx must be in [1, {1 << 16}], found {args.ctx}")
-    bad = [line for p in args.precision for line in check(p, args.ckpt, args.ctx)]
+    if not 10 <= args.ctx <= 1 << 16:  # the batched part ingests ctx - 9 rows
+        ap.error(f"--ctx must be in [10, {1 << 16}], found {args.ctx}")
+    parts = tuple(args.parts)
+    bad = [line for p in args.precision for line in check(p, args.ckpt, args.ctx, parts)]
     for line in bad:
         print(f"DIFFERS: {line}", file=sys.stderr)
-    print(f"sanitize_round: {len(args.precision)} precision(s), {len(bad)} difference(s)")
+    print(
+        f"sanitize_round: {len(args.precision)} precision(s), parts {' '.join(parts)}, "
+        f"{len(bad)} difference(s)"
+    )
     return 1 if bad else 0
 
 

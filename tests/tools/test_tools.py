@@ -259,3 +259,42 @@ def test_sanitize_round_commits_have_their_taps(ctx):
         assert b == a + t
     assert sched[-1][0] + sched[-1][1] == sanitize_round.tap_rows(ctx)
     assert [t for _, t in sched] == list(sanitize_round.COMMITS)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--ctx", "9"], "--ctx must be in [10, 65536], found 9"),
+        (["--parts", "round", "verify"], "invalid choice: 'verify'"),
+    ],
+)
+def test_sanitize_round_refuses_a_ctx_its_batch_cannot_ingest_and_unknown_parts(
+    tmp_path, capsys, argv, message
+):
+    """The batched part ingests ctx - 9 rows (ctx 9 left one sequence empty); --parts names
+    one of the checked calls. Both refused before a device is touched."""
+    from tools import sanitize_round
+
+    with pytest.raises(SystemExit) as exc:
+        sanitize_round.main(["--ckpt", str(tmp_path), *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_gpu_suite_sanitize_jobs_name_existing_parts_and_precisions():
+    """Every sanitize job line of tools/gpu_suite.sh passes sanitize_round arguments it accepts
+    (a part or precision misspelt there would fail only on the device)."""
+    import re
+
+    from pydflash.draft.weights import PRECISIONS
+    from tools import sanitize_round
+
+    text = (Path(__file__).resolve().parents[2] / "tools" / "gpu_suite.sh").read_text()
+    block = text[text.index('if [ "$PART" = sanitize ]') :]
+    block = block[: block.index("\nfi\n")]
+    parts = re.findall(r"for part in ([^;]+);", block)
+    precs = re.findall(r"for prec in ([^;]+);", block)
+    precs += re.findall(r"--precision ([a-z0-9_ ]+?)(?:\"| --)", block)
+    assert parts and precs
+    assert set(" ".join(parts).split()) == set(sanitize_round.PARTS)
+    named = set(" ".join(precs).split()) - {"$prec"}
+    assert named and named <= set(PRECISIONS), named
