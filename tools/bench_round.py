@@ -536,6 +536,13 @@ def main(argv: list[str] | None = None) -> int:
         "what the decode linear's tiled layout gains, in the same run (rows '<prec>-rm')",
     )
     ap.add_argument(
+        "--no-batched-bf16-gemm",
+        action="store_true",
+        help="load with Policy(batched_bf16_gemm=False): batched bf16-activation rounds take the "
+        "decode linear, so bf16 round-only weights are stored tiled too (with --row-major: "
+        "the same drafter all row-major beside it)",
+    )
+    ap.add_argument(
         "--peer",
         action="store_true",
         help="also time tools/peer_round.py (plain torch + cuBLAS in a CUDA graph, bf16) at the "
@@ -560,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = linear.Policy(
         quant_ingest=not args.gemm_cu_ingest,
         wgmma_tile=args.tile or linear.DEFAULT.wgmma_tile,
+        batched_bf16_gemm=not args.no_batched_bf16_gemm,
     )
 
     from pydflash import Engine

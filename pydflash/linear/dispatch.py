@@ -38,8 +38,8 @@ The table, row by row (a row's reason is its H200 measurement, docs/performance.
                                                    against wgmma's 241.8, M = 1024 816.4 / 904.9
   batched_bf16 bf16, no wgmma      64 .. 128       bf16act w4_64x128_k64
   batched_bf16 bf16, no wgmma      > 128           bf16act w8_128x128_k64
-  batched_bf16 other, < 64 rows                    the round's decode kernel (the exact path): at
-                                                   M <= 32 it streams the weights once or twice
+  batched_bf16 other, < 64 rows,                   the round's decode kernel (the exact path): at
+               Policy(batched_bf16_gemm=False)     M <= 32 it streams the weights once or twice
 
 And the layout a weight is stored in at load (`layout_rows`), from the modes it is read in:
 
@@ -50,7 +50,8 @@ And the layout a weight is stored in at load (`layout_rows`), from the modes it 
                               7.6 / 35.6 / 16.9 against 10.4 / 47.2 / 23.0 (q4_0)
                               (tools/bench_linear.py --tiled). A layer's o, gate_up, down and
                               conv projections in q8_0 / q4_0 (bf16 ones are read by
-                              gemm_bf16act in batched rounds; qkv and fc by the ingest GEMMs)
+                              gemm_bf16act in batched rounds, unless
+                              Policy(batched_bf16_gemm=False); qkv and fc by the ingest GEMMs)
   row-major                   every other weight
 
 A new weight format adds its rows here (and its launchers' kernels); a new architecture opts
@@ -105,6 +106,10 @@ class Policy:
     wgmma_tile: str = gemm_bf16act.SM90_TILE
     # the tiled layout for the weights only the decode linear reads (False: all row-major)
     tiled_decode: bool = True
+    # batched rounds' bf16 activations through gemm_bf16act for bf16 weights (False: the
+    # decode linear, as for the quant formats, so a bf16 drafter's round-only weights are
+    # only read by it and stored tiled too: faster single rounds, slower large batches)
+    batched_bf16_gemm: bool = True
 
     def __post_init__(self) -> None:
         if self.wgmma_tile not in WGMMA_TILES:
@@ -178,7 +183,7 @@ def choose(
             return Choice("quant_split")
         return Choice("gemm")
     if mode == "batched_bf16":
-        if fmt != "bf16" or rows < BF16ACT_ROWS:
+        if fmt != "bf16" or rows < BF16ACT_ROWS or not policy.batched_bf16_gemm:
             return _decode(fmt, policy)
         if caps.wgmma:
             tile = (

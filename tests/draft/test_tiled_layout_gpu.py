@@ -1,6 +1,7 @@
 """The drafter with its round-only weights in the decode linear's tiled layout (the dispatch
 table's default for q8_0 / q4_0: linear.layout_rows) against the same checkpoint loaded all
-row-major (Policy(tiled_decode=False)): forward_round, propose (greedy and sampled), commit and
+row-major (Policy(tiled_decode=False)), and the same with Policy(batched_bf16_gemm=False), which
+tiles bf16 drafters' round-only weights too: forward_round, propose (greedy and sampled), commit and
 batched rounds in both activation modes bit for bit, the reference weights identical, called
 from CuPy's default stream with fresh inputs read back with cp.asnumpy (skipped without a
 CUDA device)."""
@@ -11,14 +12,29 @@ import pytest
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
 
-def _load_both(engine, ckpt, precision):
+def _load_both(engine, ckpt, precision, **policy):
+    """The drafter under Policy(**policy), and under the same policy all row-major."""
+    import dataclasses
+
     from pydflash import DflashDraft, linear
 
-    tiled = DflashDraft.load(engine, ckpt, precision, progress=None)
+    base = linear.Policy(**policy)
+    tiled = DflashDraft.load(engine, ckpt, precision, policy=base, progress=None)
     flat = DflashDraft.load(
-        engine, ckpt, precision, policy=linear.Policy(tiled_decode=False), progress=None
+        engine,
+        ckpt,
+        precision,
+        policy=dataclasses.replace(base, tiled_decode=False),
+        progress=None,
     )
     return tiled, flat
+
+
+# (precision, policy): the table's default, and without the batched bf16 GEMM (bf16 round-only
+# weights then tiled as well; batched bf16-activation rounds on the decode linear)
+CASES = [(p, {}) for p in ("q8_0", "q4_0", "mixed", "bf16")] + [
+    (p, {"batched_bf16_gemm": False}) for p in ("mixed", "bf16")
+]
 
 
 def _layouts(d):
@@ -29,16 +45,17 @@ def _layouts(d):
     ] + [(d.fc.fmt, d.fc.tile_rows)]
 
 
-@pytest.mark.parametrize("precision", ["q8_0", "q4_0", "mixed", "bf16"])
+@pytest.mark.parametrize("precision, policy", CASES, ids=lambda v: str(v) if v else "default")
 @pytest.mark.parametrize("preset", ["tiny", "tiny-dspark", "tiny-dflash2", "tiny-swa"])
 def test_tiled_drafter_equals_row_major_bit_for_bit(
-    engine, preset_checkpoint, rng, preset, precision
+    engine, preset_checkpoint, rng, preset, precision, policy
 ):
-    tiled, flat = _load_both(engine, preset_checkpoint(preset), precision)
+    tiled, flat = _load_both(engine, preset_checkpoint(preset), precision, **policy)
+    fmts = {"q8_0", "q4_0"} | (set() if policy.get("batched_bf16_gemm", True) else {"bf16"})
     for la in tiled.layers:  # the table's layout: quantized round-only weights tiled
         assert la.qkv.tile_rows == 0
         for w in la.round_weights[1:]:
-            assert w.tile_rows == (64 if w.fmt in ("q8_0", "q4_0") else 0), (w, precision)
+            assert w.tile_rows == (64 if w.fmt in fmts else 0), (w, precision)
     assert tiled.fc.tile_rows == 0
     assert all(r == 0 for _, r in _layouts(flat))
     ref_t, ref_f = tiled.reference_weights(), flat.reference_weights()
@@ -88,10 +105,16 @@ def test_tiled_drafter_equals_row_major_bit_for_bit(
         np.testing.assert_array_equal(a, b, err_msg=f"result {i}")
 
 
-@pytest.mark.parametrize("precision", ["q4_0", "q8_0"])
-def test_tiled_public_geometry_round_at_ctx_4096(engine, preset_checkpoint, rng, precision):
+@pytest.mark.parametrize(
+    "precision, policy",
+    [("q4_0", {}), ("q8_0", {}), ("bf16", {"batched_bf16_gemm": False})],
+    ids=lambda v: str(v) if v else "default",
+)
+def test_tiled_public_geometry_round_at_ctx_4096(engine, preset_checkpoint, rng, precision, policy):
     """qwen3-8b-b16's widths and 4096 ctx rows: the same bits."""
-    tiled, flat = _load_both(engine, preset_checkpoint("qwen3-8b-b16"), precision)
+    tiled, flat = _load_both(engine, preset_checkpoint("qwen3-8b-b16"), precision, **policy)
+    if precision == "bf16":
+        assert tiled.layers[0].gate_up.tile_rows == 64 and tiled.layers[0].qkv.tile_rows == 0
     c, e, ctx = tiled.cfg, engine, 4096
     taps = rng.standard_normal((ctx, c.tap_width), dtype=np.float32)
     noise = rng.standard_normal((c.block_size, c.hidden), dtype=np.float32)

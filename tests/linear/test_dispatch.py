@@ -202,3 +202,32 @@ def test_families_hold_the_tiled_family_where_the_layout_is_tiled():
         assert {"linear_v3", "linear_v3_tiled"} <= modules(fmt)
         assert "linear_v3_tiled" not in modules(fmt, dispatch.Policy(tiled_decode=False))
     assert "linear_v3_tiled" not in modules("bf16") | modules("f32")
+
+
+@pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
+def test_without_the_batched_bf16_gemm_bf16_round_weights_are_tiled(caps):
+    """Policy(batched_bf16_gemm=False): a batched round's bf16 linears take the decode kernel at
+    every row count (as the quant formats do), so nothing but linear_v3 reads a bf16 drafter's
+    o / gate_up / down and they are stored tiled; qkv keeps ingest's GEMM (row-major), and the
+    ingest choice itself does not move."""
+    from pydflash.linear import decode_v3
+
+    off = dispatch.Policy(batched_bf16_gemm=False)
+    for rows in (1, 16, 64, 65, 129, G, 4096):
+        assert kernel("batched_bf16", "bf16", rows, caps, policy=off).kernel == "decode_v3"
+        assert kernel("ingest", "bf16", rows, caps, policy=off) == kernel(
+            "ingest", "bf16", rows, caps
+        )
+    rows = dispatch.layout_rows("bf16", dispatch.ROUND_ONLY, caps, k=4096, policy=off)
+    assert rows == decode_v3.DEFAULT.rows("bf16") == 64
+    assert (
+        dispatch.layout_rows("bf16", (*dispatch.ROUND_ONLY, "ingest"), caps, k=4096, policy=off)
+        == 0
+    )
+    both = dispatch.Policy(batched_bf16_gemm=False, tiled_decode=False)
+    assert dispatch.layout_rows("bf16", dispatch.ROUND_ONLY, caps, k=4096, policy=both) == 0
+    mods = {f.module for f in dispatch.families("bf16", caps, [4096], off)}
+    assert "linear_v3_tiled" in mods
+    assert "linear_v3_tiled" not in {
+        f.module for f in dispatch.families("bf16", caps, [4096], both)
+    }
