@@ -94,6 +94,7 @@ ATTN_BIASES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self
 _MATH_PREFIXES = (
     "d2t",
     "mask_embedding",
+    "aux_hidden_norms.",  # SGLang's Laguna: an RMSNorm per target-layer tap before fc
     "fc.",
     "norm.",
     "hidden_norm.",

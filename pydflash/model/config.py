@@ -37,6 +37,7 @@ from .config_parse import (
     parse_sink,
     parse_swa,
     refuse_beside_dflash2,
+    refuse_nested_causality,
     refuse_unimplemented,
 )
 from .rope import RopeSpec
@@ -301,6 +302,7 @@ class DflashCfg:
             n_layer,
             p.problem,
         )
+        typed_sliding = tuple(layer_sliding)  # as layer_types say (z-lab's causal default)
         sliding_window, layer_sliding, swa_every = parse_swa(
             p, raw, nested, sliding_window, layer_sliding, bounds.MAX_WINDOW
         )
@@ -312,6 +314,7 @@ class DflashCfg:
                     p.problem("rope", str(exc))
         attention_bias = bool(p.flag("attention_bias", default=False))
         is_causal = parse_causal(p, raw, nested)
+        refuse_nested_causality(p, raw, nested, is_causal, typed_sliding)
         target_hidden = p.integer("target_hidden_size", 1, bounds.MAX_HIDDEN, default=None)
         if target_hidden == hidden:
             target_hidden = None
@@ -344,7 +347,7 @@ class DflashCfg:
             p.problem("architectures", f"must be a list of strings, found {brief(architectures)}")
             architectures = []
         layout = parse_layout(p, architectures)
-        refuse_unimplemented(p, raw, nested)
+        refuse_unimplemented(p, raw, nested, architectures)
         if is_causal is None and any(a in NON_CAUSAL_ARCHITECTURES for a in architectures):
             is_causal = False
         embed_scale, multiplier, softcap, logit_scale = parse_scales(

@@ -193,6 +193,32 @@ def parse_causal(p: Parser, raw: dict[str, Any], nested: dict[str, Any]) -> bool
     return None if value is None else bool(value)
 
 
+def refuse_nested_causality(
+    p: Parser,
+    raw: dict[str, Any],
+    nested: dict[str, Any],
+    is_causal: bool | None,
+    typed_sliding: tuple[bool, ...],
+) -> None:
+    """A causality key only inside dflash_config (no top-level is_causal): read there (vLLM's
+    dflash_config.causal) it sets every layer, while z-lab's and SGLang's DFlash models read
+    only the top-level is_causal and keep each layer's default (a sliding_attention layer
+    causal, a full one not). Where the two readings differ at a layer the checkpoint is
+    refused with both named: a top-level is_causal says which is meant."""
+    if is_causal is None or raw.get("is_causal") is not None:
+        return
+    differ = [i for i, sliding in enumerate(typed_sliding) if bool(sliding) != is_causal]
+    if differ:
+        key = "is_causal" if nested.get("is_causal") is not None else "causal"
+        layers = ",".join(map(str, differ))
+        p.problem(
+            f"dflash_config.{key}",
+            f"{str(is_causal).lower()}: vLLM applies it to every layer, z-lab and SGLang read "
+            f"only a top-level is_causal (sliding layers causal, full not): layers {layers} "
+            "differ; set is_causal at the top level",
+        )
+
+
 # keys (top level or in dflash_config) whose value changes the math, with the value that is
 # the plain DFlash behaviour implemented here; anything else is refused, never ignored
 _NEUTRAL = {
@@ -203,8 +229,8 @@ _NEUTRAL = {
 # level), each a field of Dflash2Cfg; required: neither z-lab nor vLLM has a default
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # architectures whose published configs leave `is_causal` out but whose every layer is
-# bidirectional: Muse-Glimmer-30B's assistant has 5 sliding layers trained non-causally (SGLang's
-# MuseGlimmerAssistantConfig and z-lab's MLX adapter both force is_causal = False for it)
+# bidirectional: Muse-Glimmer-30B's assistant has 5 sliding layers trained non-causally (z-lab's
+# MLX adapter forces is_causal = False for it, as SGLang's MuseGlimmerAssistantConfig did)
 NON_CAUSAL_ARCHITECTURES = ("MuseGlimmerAssistantModel",)
 
 
@@ -332,15 +358,40 @@ def parse_sink(p: Parser, raw: dict[str, Any], nested: dict[str, Any]) -> bool:
     return bool(next(iter(given.values()), False))
 
 
+# keys (top level or in dflash_config) that declare a variant other runtimes implement and
+# pydflash does not: refused by name whenever set (False counts as unset). SGLang's DFlash
+# model: Laguna's gated attention output; KDA linear-attention layers.
+_VARIANT_KEYS = {
+    "gating": "an attention output gate (SGLang's Laguna drafter)",
+    "attention_modes": "per-layer attention modes (SGLang's KDA linear-attention layers)",
+    "attention_mode": "an attention mode (SGLang's KDA linear-attention layers)",
+    "linear_attn_config": "linear-attention layers (SGLang's KDA)",
+}
+# architectures (a substring, lower case) of drafters whose math differs from DFlash's in ways
+# their tensors alone need not show
+_VARIANT_ARCHITECTURES = {
+    "laguna": "SGLang's Laguna drafter (an RMSNorm per target-layer tap before fc, the input "
+    "norm on context rows, a gated attention output)",
+}
+
+
 def refuse_unimplemented(
     p: Parser,
     raw: dict[str, Any],
     nested: dict[str, Any],
+    architectures: list[str] | None = None,
 ) -> None:
     for where, d in (("", raw), ("dflash_config.", nested)):
         for key, neutral in _NEUTRAL.items():
             if d.get(key) is not None and d[key] != neutral:
                 p.problem(where + key, f"{brief(d[key])} is not implemented (only {neutral!r})")
+        for key, what in _VARIANT_KEYS.items():
+            if d.get(key) not in (None, False):
+                p.problem(where + key, f"{brief(d[key])}: {what} is not implemented")
+    for name in architectures or ():
+        for part, what in _VARIANT_ARCHITECTURES.items():
+            if part in name.lower():
+                p.problem("architectures", f"{name!r}: {what} is not implemented")
     act = raw.get("hidden_act")  # what the Qwen3 MLP of every DFlash runtime reads
     if act is not None and act not in HIDDEN_ACTS:
         p.problem("hidden_act", f"{brief(act)} is not implemented (only {', '.join(HIDDEN_ACTS)})")

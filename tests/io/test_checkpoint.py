@@ -723,6 +723,7 @@ MATH_EXTRAS = [
     "confidence_head.proj2.weight",
     "lm_head.bias",
     "embed_tokens.scale",
+    "aux_hidden_norms.0.weight",  # SGLang's Laguna: a norm per tap before fc
 ]
 
 

@@ -701,16 +701,65 @@ def test_causality_absent_follows_the_layer_type():
 @pytest.mark.parametrize("where", ["top", "dflash_config.is_causal", "dflash_config.causal"])
 @pytest.mark.parametrize("value", [True, False])
 def test_is_causal_keys(where, value):
-    """An explicit key (z-lab's top-level is_causal, or in dflash_config, or vLLM's
-    dflash_config.causal) sets every layer, sliding or full."""
+    """A top-level is_causal (what z-lab, SGLang and vLLM all read) sets every layer, sliding or
+    full. One inside dflash_config only (vLLM's dflash_config.causal) is read the same way where
+    it agrees with the layer types' default that z-lab and SGLang keep; where the two readings
+    differ at some layer the config is refused, naming the layers and the fix."""
     for raw in (zlab_nested(), swa_nested()):
+        default = tuple(t == "sliding_attention" for t in raw.get("layer_types", ()))
+        default = default or (False,) * raw["num_hidden_layers"]
         if where == "top":
             raw["is_causal"] = value
         else:
             raw["dflash_config"][where.split(".")[1]] = value
+        if where != "top" and default != (value,) * len(default):
+            differ = ",".join(str(i) for i, c in enumerate(default) if c != value)
+            with pytest.raises(ConfigError, match=rf"{where}: {str(value).lower()}: vLLM") as exc:
+                DflashCfg.from_dict(raw)
+            assert f"layers {differ} differ; set is_causal at the top level" in str(exc.value)
+            raw["is_causal"] = value  # the top-level key settles it
         cfg = DflashCfg.from_dict(raw)
         assert cfg.is_causal is value
         assert cfg.layer_causal == (value,) * cfg.n_layer
+
+
+@pytest.mark.parametrize(
+    "where, key, value, what",
+    [
+        ("top", "gating", "per_head", "an attention output gate"),
+        ("dflash_config", "gating", True, "an attention output gate"),
+        ("dflash_config", "attention_modes", ["kda", "full"], "per-layer attention modes"),
+        ("dflash_config", "attention_mode", "kda", "an attention mode"),
+        ("top", "linear_attn_config", {"context_state": "scan"}, "linear-attention layers"),
+    ],
+)
+def test_variant_keys_of_other_runtimes_are_refused_by_name(where, key, value, what):
+    """SGLang's Laguna gate and KDA linear-attention keys declare math pydflash does not
+    implement: refused by the key, never ignored (False or null is no variant)."""
+    raw = swa_nested()
+    target = raw if where == "top" else raw["dflash_config"]
+    target[key] = value
+    name = key if where == "top" else f"dflash_config.{key}"
+    with pytest.raises(ConfigError, match=rf"{name}: .*{what} \(SGLang's .*\) is not implemented"):
+        DflashCfg.from_dict(raw)
+    target[key] = False
+    assert DflashCfg.from_dict(raw).n_layer == 5
+    target[key] = None
+    assert DflashCfg.from_dict(raw).n_layer == 5
+
+
+def test_laguna_architecture_is_refused_with_every_other_problem():
+    """SGLang's Laguna drafter (per-tap norms before fc, the input norm on context rows, a gated
+    attention output) may carry no tensor that betrays it: its architecture name is refused,
+    reported beside the config's other problems."""
+    raw = swa_nested()
+    raw["architectures"] = ["DFlashLagunaForCausalLM"]
+    raw["rms_norm_eps"] = -1.0
+    with pytest.raises(ConfigError, match="2 problem") as exc:
+        DflashCfg.from_dict(raw)
+    msg = str(exc.value)
+    assert "architectures: 'DFlashLagunaForCausalLM': SGLang's Laguna drafter" in msg
+    assert "rms_norm_eps" in msg
 
 
 def test_hand_made_cfg_causality():
