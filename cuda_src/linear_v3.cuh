@@ -1,7 +1,8 @@
 // linear_v3.cuh: the decode linear Y[M, N] = X[M, K] . W[N, K]^T (M <= 16 a token group) with
 // every warp fed by its own cp.async ring (the launcher: pydflash/linear/decode_v3.py), bf16 /
 // q8_0 / q4_0 weights only (f32 stays on linear.cu's FFMA kernel). The template, instantiated by
-// cuda_src/linear_v3.cu (the store / add / silu_mul entries the dispatch table takes) and by
+// cuda_src/linear_v3.cu (the store / add / silu_mul entries the dispatch table takes), by
+// cuda_src/linear_v3_tiled.cu (the same entries over the tiled weight layout) and by
 // dev/cuda/linear_v3_sample.cu (the SAMPLE epilogue's, benchmarked against linear.cu's).
 // The arithmetic is linear.cu's: weights exact in bf16, each f32 activation split into
 // hi = bf16(x) and lo = bf16(x - hi), two mma.m16n8k16 per product, f32 accumulation (bf16 in
@@ -33,7 +34,8 @@
 //              16-byte cp.async (.ca through L1 when LIN3_ACT_CACHE == 2, else .cg); for q4_0 the
 //              pieces are placed k 0-3, 16-19, 4-7, 20-23, ... so every format reads its 8 values
 //              at float 8t of the token row (q4_0 lane t: k 4t.. and 16 + 4t..).
-// Tokens >= M are zero-filled once and never copied; rows >= N are not copied (their outputs
+// Tokens >= M are zero-filled once and never copied; rows >= N are not copied by RowMajor3 (the
+// tiled layout's padding rows are zeros; either way their outputs
 // are never stored, and an MMA row depends on its own A row only; silu_mul's N is a multiple of
 // 16, whole gate/up tiles, checked by the launcher). The first S - 1 stages'
 // weights and scales are issued before pdl_wait() (weights never depend on the previous
@@ -174,8 +176,8 @@ __device__ __forceinline__ void load_rows3(const unsigned char* p, unsigned (&wa
 // Where a warp's ring stages come from in global memory: the weight layout. linear3 asks its
 // source for the 16-byte weight granules and the scale words of one stage, and where the
 // stage's scales sit in shared memory. RowMajor3 reads the row-major GGML planes every
-// GpuTensor holds (rows of K * RB / 32 bytes; f16 scales [N, K / 32]); a layout of its own
-// (dev/cuda/linear_v3_tiled.cu) provides the same members.
+// GpuTensor holds (rows of K * RB / 32 bytes; f16 scales [N, K / 32]); another layout
+// (Tiled3 in cuda_src/linear_v3_tiled.cu) provides the same members.
 template <int FMT, int MT>
 struct RowMajor3 {
     using G = Ring3<FMT, MT, 1>;  // the weight and scale parts of a stage do not depend on NT
@@ -498,8 +500,8 @@ __device__ __forceinline__ void linear3(const unsigned char* __restrict__ W,
     const unsigned char *W, const f16_bits *scales, const float *X, long long ldx, float *Y, \
         long long ldy, const float *R, long long ldr, int M, int N, int K
 
-// The store / add / silu_mul entries of one weight source SRC (RowMajor3, or a layout's own in
-// dev/): <prefix><format>_<epilogue>[_nt1], 16 and 8 (_nt1) tokens a block.
+// The store / add / silu_mul entries of one weight source SRC (RowMajor3, or another layout's:
+// Tiled3): <prefix><format>_<epilogue>[_nt1], 16 and 8 (_nt1) tokens a block.
 #define LIN3_ENTRY(name, FMT, MT, S, NT, EPI, SRC)                                         \
     extern "C" __global__ void __launch_bounds__(32 * LIN3_MAX_WARPS, LIN3_MIN_BLOCKS)     \
         name(LIN3_ARGS, int chunks_per_split, long long split_stride, int inner) {         \

@@ -561,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pydflash.linear import dispatch
 
+    if args.row_major and args.batch:
+        ap.error("--row-major times single rounds: not with --batch")
     tiles = list(dispatch.WGMMA_TILES)
     if args.tile and args.tile not in tiles:
         ap.error(f"--tile: one of {tiles}")

@@ -2,8 +2,10 @@
 ctx_features + ingest_ctx, forward_round (eager, then captured and replayed), forward_block,
 propose (greedy and sampled, replayed), commit (replayed), and a batched round of 3 sequences
 (exact and bf16 activations, replayed), each checked against the NumPy reference so a run that
-"passes" the sanitizer also computed the right thing. `--parts round propose commit batch`
-picks some of them (each part ingests its own KV), so slow tools can run the parts apart.
+"passes" the sanitizer also computed the right thing (propose is run and its tokens printed:
+the GPU tests compare them). `--parts round propose commit batch` picks some of them (round,
+propose and commit share one KV ingested first; batch builds its own pool), so slow tools can
+run the parts apart.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 \\
         python3 tools/sanitize_round.py --ckpt DIR --precision bf16 q8_0 --ctx 300
@@ -63,7 +65,7 @@ def draft_tables(c: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarr
     return table, lm, int(rng.integers(vocab))
 
 
-PARTS = ("round", "propose", "commit", "batch")  # each one builds its own KV: run apart or together
+PARTS = ("round", "propose", "commit", "batch")  # run apart or together
 
 
 def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) -> list[str]:
@@ -110,11 +112,19 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
             for _ in range(3):  # eager, captured, replayed
                 p = d.propose(e, kv, last, ctx, table, lm, temperature=temperature)
             print(f"{precision:6s} propose T={temperature:<4} tokens {cp.asnumpy(p.tokens)[:4]}")
-    if "commit" in parts:
+    if "commit" in parts:  # then a round over the committed rows, against the reference's
+        ckv = ReferenceKv(c, ctx + 2 * b + 3, np.float64, d.kv_dtype)
+        ref.ingest_ctx(ckv, ref.ctx_features(taps[:ctx], ctx), pos[:ctx], ctx)
         for at, t in commit_schedule(ctx):
             assert at == kv.len, (at, kv.len)
             d.commit(e, kv, cp.asarray(taps[at : at + t]), np.arange(at, at + t), t)
-        print(f"{precision:6s} commit {COMMITS} rows   len {kv.len}")
+            ref.ingest_ctx(ckv, ref.ctx_features(taps[at : at + t], t), np.arange(at, at + t), t)
+        after = np.arange(kv.len, kv.len + b)
+        expect(
+            f"forward_round after commit {sum(COMMITS)}",
+            d.forward_round(e, kv, cp.asarray(noise), after),
+            ref.forward_round(ckv, noise, after),
+        )
     if "batch" not in parts:
         e.synchronize()
         return bad

@@ -229,6 +229,8 @@ class Engine(Runtime):
         if isinstance(table, GpuTensor):
             if table.fmt != "bf16":
                 raise ShapeError(f"table: must be bf16, found {table.fmt}")
+            if table.tile_rows:  # a gather reads [V, H] rows
+                raise ShapeError(f"table: must be a row-major table, found {table!r}")
             t = table.data
         else:
             t = self.as_device_array(table, "table")

@@ -35,7 +35,7 @@ class BatchRound:
     slot: Any
     slot_kv: list[int]  # per layer: elements between two slots' K rows
     slot_kpos: int
-    scratch: Any = None  # bf16 activations of the gemm_bf16act path; None: the exact path
+    scratch: Any = None  # bf16 activations (gemm_bf16act's; attention rounds): None: exact
     xn_b: Any = None  # bf16 copies of buf.xn, buf.attn and buf.ff, written by their producers
     attn_b: Any = None  # (the norm, attention's combine, the gate_up GEMM's silu_mul_bf16)
     ff_b: Any = None  # in the bf16 mode: the GEMMs that read them skip round_bf16
@@ -140,11 +140,15 @@ class PoolRounds:
             count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
             copies = self.buf.xn.size + self.buf.attn.size + self.buf.ff.size
             with e.allocating(2 * (count + copies), f"bf16 activations of {self.cap} sequences"):
-                # zeros: the padding sequences' rows are read, never written (RoundBuffers)
-                self.scratch = e.zeros((count,), np.uint16)
-                self.xn_b = e.zeros(self.buf.xn.shape, np.uint16)
-                self.attn_b = e.zeros(self.buf.attn.shape, np.uint16)
-                self.ff_b = e.zeros(self.buf.ff.shape, np.uint16)
+                # zeros: the padding sequences' rows are read, never written (RoundBuffers);
+                # all four or none (an allocation that fails leaves the pool as it was)
+                arrays = (
+                    e.zeros((count,), np.uint16),
+                    e.zeros(self.buf.xn.shape, np.uint16),
+                    e.zeros(self.buf.attn.shape, np.uint16),
+                    e.zeros(self.buf.ff.shape, np.uint16),
+                )
+            self.scratch, self.xn_b, self.attn_b, self.ff_b = arrays
 
     def round(self, n: int, pool: DflashBatchKv, activations: str = "f32") -> BatchRound:
         state = self.io[: n * self.ld]

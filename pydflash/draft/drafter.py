@@ -476,8 +476,8 @@ class DflashDraft:
             tab = self.embed
         else:
             tab = embed if isinstance(embed, GpuTensor) else wrap_named(e, embed, "embed")
-        if tab.fmt not in ("bf16", "f32"):
-            raise ShapeError(f"embed: must be bf16 or f32, found {tab.fmt}")
+        if tab.fmt not in ("bf16", "f32") or tab.tile_rows:  # a gather reads [V, hidden] rows
+            raise ShapeError(f"embed: must be a row-major bf16 or f32 table, found {tab!r}")
         if tab.in_features != self.cfg.hidden:
             raise ShapeError(
                 f"embed: expected [V, {self.cfg.hidden}], found "
@@ -682,9 +682,9 @@ class DflashDraft:
         hidden]), pos_blocks [B, b] host ints (each sequence's block positions; after its
         last committed row when its sliding layers keep rings). Returns a CuPy [B, b, hidden]
         (a view of `out` if given). activations: "f32" (each sequence equals its single round
-        bit for bit) or "bf16" (the bf16 linears of buckets of >= linear.dispatch.BF16ACT_ROWS
-        rows round their activations to bf16: much faster at large B, equal to rounding). See
-        the module docstring."""
+        bit for bit) or "bf16" (attention rounds q and p; the bf16 linears of buckets of >=
+        BF16ACT_ROWS rows their activations, unless the policy keeps them on the decode
+        linear: much faster at large B, equal to rounding). See the module docstring."""
         checks.require_runtime(e)
         with e.ordered():
             pool = self._check_pool(e, pool)

@@ -289,7 +289,7 @@ def load_weights(
         "layers": layers,
         "confidence": confidence,
         "selector": candidates,
-        "fc": weight(["fc.weight"], "attn", modes=("features",)),
+        "fc": weight(["fc.weight"], "attn", modes=("features", "round")),  # round: few rows
         "hidden_norm": vec("hidden_norm.weight"),
         "norm": vec("norm.weight"),
         "markov": markov,

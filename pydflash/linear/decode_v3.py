@@ -345,6 +345,11 @@ def launch(
     """project's checks, plan and launch for entries of linear_v3's signature taken from
     `specs` by (format, epilogue, nt1) (the row-major or the tiled entries: w's planes are in
     their layout; the plan reads w's shape only)."""
+    if bool(w.tile_rows) != (specs is kernels_for(cfg).tiled):
+        raise ShapeError(
+            f"linear_v3: a weight with tile_rows {w.tile_rows} and the "
+            f"{'row-major' if w.tile_rows else 'tiled'} entries"
+        )
     if m == 0:
         return
     args = row_args(w, x, m, out, residual)

@@ -51,7 +51,8 @@ And the layout a weight is stored in at load (`layout_rows`), from the modes it 
                               (tools/bench_linear.py --tiled). A layer's o, gate_up, down and
                               conv projections in q8_0 / q4_0 (bf16 ones are read by
                               gemm_bf16act in batched rounds, unless
-                              Policy(batched_bf16_gemm=False); qkv and fc by the ingest GEMMs)
+                              Policy(batched_bf16_gemm=False); qkv by the ingest GEMMs, fc by
+                              the features GEMM)
   row-major                   every other weight
 
 A new weight format adds its rows here (and its launchers' kernels); a new architecture opts

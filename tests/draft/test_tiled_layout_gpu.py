@@ -126,3 +126,29 @@ def test_tiled_public_geometry_round_at_ctx_4096(engine, preset_checkpoint, rng,
         outs.append(cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise), pos)))
     assert np.isfinite(outs[0]).all()
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_tiled_table_is_refused_where_rows_are_gathered(engine, preset_checkpoint, rng):
+    """An embedding table is gathered by row: a tiled GpuTensor handed to propose or
+    Engine.gather_row_bf16 is refused by name, the KV unchanged (a gather would have read its
+    tiles as rows)."""
+    from pydflash import DflashDraft, GpuTensor, ShapeError
+
+    d = DflashDraft.load(engine, preset_checkpoint("tiny"), "bf16", progress=None)
+    c, e, ctx = d.cfg, engine, 20
+    vocab = c.vocab_size
+    table = rng.standard_normal((vocab, c.hidden), dtype=np.float32)
+    tab = GpuTensor.from_host(e, table, "bf16")
+    tiled = tab.tiled(64)
+    kv = d.new_kv(e, ctx + 2 * c.block_size)
+    taps = rng.standard_normal((ctx, c.tap_width), dtype=np.float32)
+    d.ingest_ctx(e, kv, d.ctx_features(e, cp.asarray(taps), ctx), np.arange(ctx), ctx)
+    lm = cp.asarray(rng.standard_normal((vocab, c.hidden), dtype=np.float32))
+    before = kv.len
+    with pytest.raises(ShapeError, match="embed: must be a row-major bf16 or f32 table"):
+        d.propose(e, kv, 3, ctx, tiled, lm)
+    assert kv.len == before
+    with pytest.raises(ShapeError, match="table: must be a row-major table"):
+        e.gather_row_bf16(tiled, cp.arange(3, dtype=cp.int32))
+    got = e.gather_row_bf16(tab, cp.arange(3, dtype=cp.int32))
+    assert got.shape == (3, c.hidden)

@@ -245,3 +245,27 @@ def test_every_variant_configuration_compiles_with_its_specs():
         assert set(entries) == set(fam.specs), cfg
         for name, spec in fam.specs.items():
             assert entries[name] == [p.ptx_type for p in spec.params], (cfg, name)
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_launch_refuses_entries_of_the_other_layout(tiled):
+    """decode_v3.launch takes the entries of one layout: a tiled weight with the row-major
+    entries (or the reverse) would read its planes in the wrong order. Refused by name before
+    any launch; project picks the entries of the weight's own layout."""
+    from pydflash.linear import decode_v3
+
+    rt = Recorder(**H200)
+    w = weight("q8_0", 4096, 4096)
+    w.tile_rows = decode_v3.DEFAULT.rows("q8_0") if tiled else 0
+    ks = decode_v3.kernels_for(decode_v3.DEFAULT)
+    other = ks.mma if tiled else ks.tiled
+    x, out = FakeArray((16, 4096)), FakeArray((1, 16, 4096))
+    with pytest.raises(ShapeError, match=f"tile_rows {w.tile_rows} and the"):
+        decode_v3.launch(
+            rt, other, w, x, 16, out, "store", None, 1, 0,
+            cfg=decode_v3.DEFAULT, inner=None, groups=None,
+        )  # fmt: skip
+    assert rt.launches == []
+    decode_v3.project(rt, w, x, 16, out, "store", None, 1, 0)
+    spec = rt.launches[-1][0]
+    assert spec.family.module == ("linear_v3_tiled" if tiled else "linear_v3")

@@ -298,3 +298,13 @@ def test_gpu_suite_sanitize_jobs_name_existing_parts_and_precisions():
     assert set(" ".join(parts).split()) == set(sanitize_round.PARTS)
     named = set(" ".join(precs).split()) - {"$prec"}
     assert named and named <= set(PRECISIONS), named
+
+
+def test_bench_round_refuses_row_major_with_batch(capsys):
+    """--row-major pairs single-round rows; with --batch there are none: refused, not ignored."""
+    from tools import bench_round
+
+    with pytest.raises(SystemExit) as exc:
+        bench_round.main(["--ckpt", "x", "--row-major", "--batch", "4"])
+    assert exc.value.code == 2
+    assert "--row-major times single rounds: not with --batch" in capsys.readouterr().err
