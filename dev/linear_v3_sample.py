@@ -19,7 +19,7 @@ from typing import Any
 from pydflash.device.kernels import Family, KernelSpec
 from pydflash.linear import decode_v3
 from pydflash.linear.decode_v3 import DEFAULT, Config
-from pydflash.linear.split import row_args
+from pydflash.linear.split import require_row_major, row_args
 
 _SIG = (
     "const unsigned char* W, const unsigned short* scales, const float* X, long long ldx, "
@@ -66,6 +66,7 @@ def project_sample(
 ) -> None:
     """pydflash.linear.decode.project_sample's contract on the v3 kernel: one K range, the
     partials of every 32-row block (decode.sample_blocks(w) of them) and token."""
+    require_row_major(w, "linear_v3_sample")
     if m == 0:
         return
     args = row_args(w, x, m, y, residual)
