@@ -90,13 +90,47 @@ def preset_checkpoint(tmp_path_factory):
         ):
             return Path(shared) / name
         if key not in _PRESET_CACHE:
-            path = tmp_path_factory.mktemp(name.replace(".", "_"))
-            _PRESET_CACHE[key] = make_checkpoint(
-                path / "ckpt", name, overrides=overrides or None, seed=seed
-            )
+            if shared:
+                _PRESET_CACHE[key] = shared_checkpoint(Path(shared), name, seed, overrides, key)
+            else:
+                path = tmp_path_factory.mktemp(name.replace(".", "_"))
+                _PRESET_CACHE[key] = make_checkpoint(
+                    path / "ckpt", name, overrides=overrides or None, seed=seed
+                )
         return _PRESET_CACHE[key]
 
     return build
+
+
+def shared_checkpoint(shared: Path, name: str, seed: int, overrides: dict, key: tuple) -> Path:
+    """A checkpoint in the run's shared cache (PYDFLASH_CKPT_CACHE) under a digest of `key`:
+    tools/gpu_suite.sh deals a sweep shape's five precisions to five processes, which then
+    build it once, not once each (the others wait on a lock). Written to a private folder and
+    renamed into place, so a folder holding config.json is complete."""
+    import fcntl
+    import hashlib
+    import shutil
+    import tempfile
+
+    from tools.make_checkpoint import make_checkpoint
+
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    final = shared / "with-overrides" / f"{name.replace('.', '_')}-{digest}"
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released on closing
+        if (final / "config.json").is_file():  # built while this process waited
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
+        try:
+            make_checkpoint(tmp / "ckpt", name, overrides=overrides or None, seed=seed)
+            shutil.rmtree(final, ignore_errors=True)  # a crashed run's leftovers, if any
+            os.rename(tmp / "ckpt", final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -204,6 +204,12 @@ def host_matrix(obj: Any, name: str, cols: int, dtype: Any) -> np.ndarray:
 
 
 def all_finite(a: np.ndarray, name: str) -> None:
+    if a.dtype in (np.float32, np.float64) and a.size:
+        # one pass, nothing allocated: a sum is finite only when every term is (inf and NaN
+        # absorb); a sum of finite terms that overflows falls through to the exact test
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(np.add.reduce(a, axis=None)):
+                return
     finite = np.isfinite(a)
     if not finite.all():
         where = np.unravel_index(int(np.argmin(finite)), a.shape)

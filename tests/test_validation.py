@@ -147,3 +147,19 @@ def test_precision_bytes_match_the_spec_geometry():
     assert mixed_round == attn + (per_round - attn) // 64 * 34
     assert set(PRECISIONS) == {"bf16", "q8_0", "q4_0", "mixed", "f32"}
     assert PRESETS["qwen3-8b-b16"]["hidden"] == QWEN8B.hidden
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_all_finite_names_the_first_non_finite_value(dtype):
+    """checks.all_finite: a sum of finite terms that overflows is no false alarm; inf and NaN
+    anywhere are refused with the first position, in every float dtype."""
+    from pydflash import checks
+
+    big = np.full((3, 4), np.finfo(dtype).max, dtype)
+    checks.all_finite(big, "big")  # its sum overflows: the exact test decides
+    checks.all_finite(np.zeros((0, 4), dtype), "empty")
+    for bad in (np.inf, -np.inf, np.nan):
+        a = np.ones((5, 6), dtype)
+        a[3, 2], a[4, 5] = bad, bad
+        with pytest.raises(ShapeError, match=r"a: holds a non-finite value \(first at \[3, 2\]\)"):
+            checks.all_finite(a, "a")

@@ -75,14 +75,25 @@ if [ "$PART" = scale ] || [ "$PART" = all ] || [ "$PART" = suite ]; then
   python3 -m pytest -q --collect-only -m scale -p no:cacheprovider tests 2>/dev/null | grep '::' > "$OUT/scale_all_ids.txt"
   IFS=/ read -r SLICE_I SLICE_N <<< "${SCALE_SLICE:-1/1}"
   awk -v i="$SLICE_I" -v n="$SLICE_N" 'NR % n == i % n' "$OUT/scale_all_ids.txt" > "$OUT/scale_ids.txt"
+  # NumPy's BLAS (the reference's GEMMs) gets the cores divided among the processes running
+  # at once (SCALE_BLAS_THREADS overrides): OpenBLAS starts a thread a core in every process,
+  # and oversubscribed its GEMMs slow down (measured: 2 processes x 2 threads on 2 cores 29%
+  # slower than x 1 thread)
+  BESIDE=0; [ "$PART" = suite ] && BESIDE=${TEST_SHARDS:-2}  # suite: the test shards too
+  BLAS=${SCALE_BLAS_THREADS:-$(( $(nproc) / (SHARDS + BESIDE) ))}
+  [ "$BLAS" -ge 1 ] || BLAS=1
   for i in $(seq 1 "$SHARDS"); do
     awk -v i="$i" -v n="$SHARDS" 'NR % n == i % n' "$OUT/scale_ids.txt" > "$OUT/scale_ids_$i.txt"
-    (xargs -a "$OUT/scale_ids_$i.txt" -d '\n' python3 -m pytest -v -rA -m scale -p no:cacheprovider \
-      > "$OUT/scale_$i.log" 2>&1 || echo "FAILED: scale shard $i" >> "$OUT/failed.log") &
+    (OPENBLAS_NUM_THREADS=$BLAS OMP_NUM_THREADS=$BLAS MKL_NUM_THREADS=$BLAS \
+      xargs -a "$OUT/scale_ids_$i.txt" -d '\n' python3 -m pytest -v -rA -m scale -p no:cacheprovider \
+      --durations=0 > "$OUT/scale_$i.log" 2>&1 || echo "FAILED: scale shard $i" >> "$OUT/failed.log") &
   done
   wait
   for i in $(seq 1 "$SHARDS"); do echo "shard $i: $(tail -n 1 "$OUT/scale_$i.log")"; done > "$OUT/scale.log"
   grep -h -E "^(FAILED|ERROR|SCALE)" "$OUT"/scale_[0-9]*.log >> "$OUT/scale.log"
+  # every test's time (--durations=0), the slowest 30 phases of all shards here
+  echo "== slowest (BLAS threads $BLAS a process)" >> "$OUT/scale.log"
+  grep -h -E "^[0-9.]+s (setup|call|teardown) " "$OUT"/scale_[0-9]*.log | sort -rn | head -30 >> "$OUT/scale.log"
   cat "$OUT/scale.log"
   [ -f "$OUT/failed.log" ] && status=1
 fi

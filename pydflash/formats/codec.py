@@ -31,6 +31,7 @@ Q4_0_BLOCK_BYTES = SCALE_BYTES + QK // 2  # d, then two 4-bit quants a byte
 # Elements handled per encoder step: big enough to amortise NumPy call overhead, small enough
 # that the float32 temporaries stay cache-friendly and memory stays bounded.
 _CHUNK_ELEMENTS = 1 << 16
+_BF16_CHUNK = 1 << 18  # elements per step of bf16_bits_from_f32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,11 +48,21 @@ def bf16_bits_from_f32(a: ArrayLike) -> np.ndarray:
     arr = np.asarray(a)
     if arr.dtype.kind not in "fiub" and arr.dtype != ml_dtypes.bfloat16:
         raise QuantizationError(f"bf16: expected real numbers, found dtype {arr.dtype}")
-    with np.errstate(over="ignore"):  # beyond float32's range: inf, as the device rounds
-        bits = arr.astype(np.float32).view(np.uint32)
-    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
-    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    return np.where(is_nan, (bits >> 16) | 0x0040, rounded).astype(np.uint16)
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    out = np.empty(flat.size, np.uint16)
+    # in chunks: a few cache-sized uint32 temporaries, not ~10 of the whole array's size
+    # (an lm_head of 151936 x 4096 took ~10 GB of them)
+    for s in range(0, flat.size, _BF16_CHUNK):
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, as the device rounds
+            bits = flat[s : s + _BF16_CHUNK].astype(np.float32).view(np.uint32)
+        rounded = (bits >> 16) & 1
+        rounded += 0x7FFF
+        rounded += bits
+        rounded >>= 16
+        nan_bits = (bits >> 16) | 0x0040
+        bits &= 0x7FFFFFFF
+        out[s : s + _BF16_CHUNK] = np.where(bits > 0x7F800000, nan_bits, rounded)
+    return out.reshape(arr.shape)
 
 
 def f32_from_bf16_bits(u16: ArrayLike) -> np.ndarray:

@@ -160,7 +160,9 @@ def draft_args(
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise ShapeError(f"rng: expected a numpy Generator, found {type(rng).__name__}")
     # |lm_v . h_r| <= max|lm| * sum_j |h_rj|: a cheap bound that no logit overflows
-    bound = float(np.abs(lm).max()) * float(np.abs(h).sum(axis=1).max()) * multiplier
+    # (max(max, -min): max|lm| without an |lm| copy of the whole [V, hidden] table)
+    lm_max = max(float(lm.max()), -float(lm.min()))
+    bound = lm_max * float(np.abs(h).sum(axis=1).max()) * multiplier
     if bound / min(t or 1.0, 1.0) > float(np.finfo(dtype).max) / 4:
         raise ShapeError(
             f"hidden, lm_head: logits up to {bound:.3g}"

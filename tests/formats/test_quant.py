@@ -386,6 +386,26 @@ def test_bf16_matches_ml_dtypes(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(to_bf16(x).view(np.uint16), expected)
 
 
+def test_bf16_chunks_keep_the_shape_and_every_seam(rng: np.random.Generator) -> None:
+    """bf16_bits_from_f32 converts in chunks (codec._BF16_CHUNK elements): an array of several,
+    strided, with NaN / inf / ties at the chunk seams, equals ml_dtypes' rounding in shape."""
+    from pydflash.formats.codec import _BF16_CHUNK
+
+    n = 3 * _BF16_CHUNK + 7
+    x = rng.standard_normal((n // 7, 14)).astype(np.float32)[:, ::2]  # not contiguous
+    flat = x.reshape(-1).copy()
+    for k, v in enumerate([np.inf, -np.inf, 1 + 3 * 2.0**-8, -0.0]):
+        flat[(k + 1) * _BF16_CHUNK - 1 : (k + 1) * _BF16_CHUNK + 1] = v
+    x = flat.reshape(x.shape)
+    got = bf16_bits_from_f32(x)
+    assert got.shape == x.shape and got.dtype == np.uint16
+    np.testing.assert_array_equal(got, x.astype(ml_dtypes.bfloat16).view(np.uint16))
+    nan = np.full((2, _BF16_CHUNK), np.float32(np.nan))
+    assert np.isnan(f32_from_bf16_bits(bf16_bits_from_f32(nan))).all()
+    assert bf16_bits_from_f32(np.float32(1.0)).shape == ()
+    assert bf16_bits_from_f32(np.zeros((0, 5))).shape == (0, 5)
+
+
 def test_bf16_every_pattern_round_trips() -> None:
     bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
     f = f32_from_bf16_bits(bits)
