@@ -14,17 +14,10 @@ from typing import Any
 
 from pydflash.device.kernels import Family
 from pydflash.errors import ShapeError
+from pydflash.linear import split
 from pydflash.linear.decode import FAMILY as _SHIPPED
 from pydflash.linear.decode import ROWS_PER_BLOCK, UNROLL, WARPS
-from pydflash.linear.split import (
-    CHUNK,
-    EPILOGUES,
-    MAX_K_SPLITS,
-    GpuTensor,
-    require_row_major,
-    row_args,
-    split_k_plan,
-)
+from pydflash.linear.split import CHUNK, EPILOGUES, MAX_K_SPLITS, GpuTensor, row_args, split_k_plan
 
 FAMILY = Family("linear_v2", dict(_SHIPPED.defines), directory=Path(__file__).parent / "cuda")
 _SIG = (
@@ -65,7 +58,7 @@ def project(
     """pydflash.linear.decode.project's contract on the v2 kernel (bf16 / q8_0 / q4_0)."""
     if w.fmt not in ("bf16", "q8_0", "q4_0"):
         raise ShapeError(f"linear_v2 runs bf16 / q8_0 / q4_0 weights, found {w.fmt!r}")
-    require_row_major(w, "linear_v2")
+    split.require_row_major(w, "linear_v2")
     if m == 0:
         return
     n, k = w.out_features, w.in_features
