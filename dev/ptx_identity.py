@@ -8,8 +8,9 @@ FAMILIES where the tree has them) are compiled by NVRTC for sm_90 (the arch-spec
 sm_90a) with that tree's own defines, and each `.entry` function's text is compared (label
 numbers, which follow the entry's place in its module, aside). Prints, for the package's entries
 and for dev/'s, those identical, changed, gone and new; a package entry gone to dev/ (a variant
-moved out of the package) is compared with its dev/ copy. Exits 1 when an entry present in both
-trees (or moved) differs. No GPU needed.
+moved out of the package) is compared with its dev/ copy, and a dev/ entry promoted into the
+package with its package copy. Exits 1 when an entry present in both trees (or moved) differs.
+No GPU needed.
 """
 
 from __future__ import annotations
@@ -109,23 +110,32 @@ def main(argv: list[str]) -> int:
     b_dev, h_dev = flat(base["dev"]), flat(head["dev"])
     for label, b, h in (("package", b_pkg, h_pkg), ("dev", b_dev, h_dev)):
         same, changed, gone, new = compare(b, h)
-        moved = [n for n in gone if label == "package" and n in h_dev]
-        moved_changed = [n for n in moved if b[n] != h_dev[n]]
+        # an entry gone from one side to the other (a variant moved to dev/, or promoted from
+        # it into the package) is compared with its copy there
+        other, other_name = (h_dev, "dev") if label == "package" else (h_pkg, "package")
+        moved = [n for n in gone if n in other]
+        moved_changed = [n for n in moved if b[n] != other[n]]
         counts = f"{len(same)} identical, {len(changed)} changed, {len(gone)} gone, {len(new)} new"
         if moved:
-            counts += f" ({len(moved)} of the gone in dev/: {len(moved_changed)} changed there)"
+            counts += (
+                f" ({len(moved)} of the gone in the {other_name}: {len(moved_changed)} changed "
+                "there)"
+            )
         print(f"{label} entries: {counts}")
         for n in changed:
             print(f"  changed: {n}")
         for n in gone:
             if n in moved:
                 state = "changed" if n in moved_changed else "identical"
-                print(f"  gone: {n} (to dev/ {where(head['dev'], n)}: PTX {state})")
+                print(f"  gone: {n} (to {other_name} {where(head[other_name], n)}: PTX {state})")
             else:
                 print(f"  gone: {n}")
         for n in new:
-            came = label == "dev" and n in b_pkg
-            print(f"  new: {n}" + (" (moved from the package)" if came else ""))
+            came = n in (b_pkg if label == "dev" else b_dev)
+            print(
+                f"  new: {n}"
+                + (f" (moved from {'the package' if label == 'dev' else 'dev/'})" if came else "")
+            )
         failed |= bool(changed or moved_changed)
     return 1 if failed else 0
 
