@@ -67,6 +67,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..errors import ArgumentError
 from . import decode, decode_v3, gemm, gemm_bf16act, gemm_quant
 from .split import CHUNK, split_k_plan
 
@@ -114,9 +115,13 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.wgmma_tile not in WGMMA_TILES:
-            raise ValueError(
+            raise ArgumentError(
                 f"wgmma_tile must be one of {list(WGMMA_TILES)}, found {self.wgmma_tile!r}"
             )
+        for name in ("quant_ingest", "tiled_decode", "batched_bf16_gemm"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):  # "no" or 0 would read as a choice
+                raise ArgumentError(f"{name} must be True or False, found {value!r}")
 
 
 DEFAULT = Policy()

@@ -231,3 +231,14 @@ def test_without_the_batched_bf16_gemm_bf16_round_weights_are_tiled(caps):
     assert "linear_v3_tiled" not in {
         f.module for f in dispatch.families("bf16", caps, [4096], both)
     }
+
+
+@pytest.mark.parametrize("name", ["quant_ingest", "tiled_decode", "batched_bf16_gemm"])
+@pytest.mark.parametrize("value", ["no", 0, 1, None])
+def test_policy_flags_are_bools(name, value):
+    """A Policy flag is True or False: "no", 0 or None would read as a choice (truthiness)."""
+    from pydflash.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=f"{name} must be True or False, found {value!r}"):
+        dispatch.Policy(**{name: value})
+    assert getattr(dispatch.Policy(**{name: False}), name) is False
