@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..checks import require_runtime
-from ..errors import QuantizationError, ShapeError
+from ..errors import ArgumentError, QuantizationError, ShapeError
 from ..ops import quant as ops_quant
 from . import layout
 from .format import QK, get
@@ -185,6 +185,12 @@ class GpuTensor:
             raise ShapeError(f"tiled: {self.fmt} weights have no tiled layout (bf16, q8_0, q4_0)")
         if self.tile_rows:
             raise ShapeError(f"tiled: {self!r} is tiled already")
+        if (
+            isinstance(rows, (bool, np.bool_))
+            or not isinstance(rows, (int, np.integer))
+            or rows < 1
+        ):
+            raise ArgumentError(f"tiled: rows must be a positive integer, found {rows!r}")
         chunk = get(self.fmt).data_row_bytes(QK)
         with self.data.device:
             data, scales = layout.tile_planes(self.data, self.scales, rows, chunk)

@@ -8,7 +8,7 @@ bit. GpuTensor's refusals of the layout need no device."""
 import numpy as np
 import pytest
 
-from pydflash.errors import ShapeError
+from pydflash.errors import ArgumentError, ShapeError
 from pydflash.formats import layout
 from pydflash.formats.tensor import GpuTensor
 from pydflash.linear import decode_v3
@@ -158,6 +158,10 @@ def test_gpu_tensor_refuses_what_the_layout_cannot_hold():
     with pytest.raises(ShapeError, match=r"is tiled; use row_major\(\) first"):
         tiled.rows(0, 32)
     assert "tiled 64" in repr(tiled)
+    bf = GpuTensor("bf16", 64, 32, np.zeros((64, 32), np.uint16))
+    for rows in (0, -64, True, 2.5, "64", None):
+        with pytest.raises(ArgumentError, match="tiled: rows must be a positive integer, found"):
+            bf.tiled(rows)
 
 
 def test_kernels_that_read_row_major_planes_refuse_a_tiled_weight():
