@@ -93,10 +93,16 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
     feats = d.ctx_features(e, cp.asarray(taps[:ctx]), ctx)
     kv = d.new_kv(e, ctx + 2 * b + 3)
     d.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
-    if "round" in parts:
-        expect("ctx_features", feats, ref.ctx_features(taps[:ctx], ctx))
+    ref_feats = ref.ctx_features(taps[:ctx], ctx) if {"round", "commit"} & set(parts) else None
+
+    def ref_kv() -> ReferenceKv:  # the reference's KV holding the ctx rows
         rkv = ReferenceKv(c, ctx + 2 * b + 3, np.float64, d.kv_dtype)
-        ref.ingest_ctx(rkv, ref.ctx_features(taps[:ctx], ctx), pos[:ctx], ctx)
+        ref.ingest_ctx(rkv, ref_feats, pos[:ctx], ctx)
+        return rkv
+
+    if "round" in parts:
+        expect("ctx_features", feats, ref_feats)
+        rkv = ref_kv()
         want = ref.forward_round(rkv, noise, np.arange(ctx, ctx + b))
         for name in ("forward_round eager", "forward_round captured", "forward_round replayed"):
             expect(name, d.forward_round(e, kv, cp.asarray(noise), np.arange(ctx, ctx + b)), want)
@@ -113,8 +119,7 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
                 p = d.propose(e, kv, last, ctx, table, lm, temperature=temperature)
             print(f"{precision:6s} propose T={temperature:<4} tokens {cp.asnumpy(p.tokens)[:4]}")
     if "commit" in parts:  # then a round over the committed rows, against the reference's
-        ckv = ReferenceKv(c, ctx + 2 * b + 3, np.float64, d.kv_dtype)
-        ref.ingest_ctx(ckv, ref.ctx_features(taps[:ctx], ctx), pos[:ctx], ctx)
+        ckv = ref_kv()
         for at, t in commit_schedule(ctx):
             assert at == kv.len, (at, kv.len)
             d.commit(e, kv, cp.asarray(taps[at : at + t]), np.arange(at, at + t), t)
