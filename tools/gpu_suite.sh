@@ -21,7 +21,8 @@
 # sanitize: compute-sanitizer's memcheck, racecheck, initcheck and synccheck over
 #          tools/sanitize_round.py (every kind of call once, checked against the reference) on
 #          tiny, tiny-swa, tiny-dspark and tiny-dflash2 in every precision, and qwen3-8b-b16 (memcheck
-#          in every precision, a job each; the other tools in bf16, a job per part),
+#          in every precision, a job each; initcheck and synccheck in bf16, a job per part;
+#          racecheck the same over one layer of its geometry),
 #          SANITIZE_PARALLEL (10) jobs at once
 # profile: Nsight Compute's per-kernel time and DRAM bytes of one call (tools/profile_round.py)
 #          for issue 10's distances, and the stall reasons of the attention partial, the q4_0
@@ -138,7 +139,15 @@ if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
   for prec in f32 bf16 q8_0 q4_0 mixed; do
     echo "memcheck_qwen3-8b-b16_$prec memcheck qwen3-8b-b16 300 --precision $prec" >> "$OUT/sanitize_jobs.txt"
   done
-  for tool in racecheck initcheck synccheck; do
+  # racecheck instruments every shared-memory access: over the public geometry's 5 layers one
+  # forward_round took most of a device call, so it runs on qwen3-8b-b16-L1, the same geometry
+  # with one layer (the same kernels and launch shapes a layer; propose's lm_head as is)
+  [ -f "$CKPT/qwen3-8b-b16-L1/config.json" ] || python3 tools/make_checkpoint.py "$CKPT/qwen3-8b-b16-L1" \
+    --preset qwen3-8b-b16 --seed 1 --override n_layer=1 > "$OUT/make_checkpoint_qwen3-8b-b16-L1.log" 2>&1
+  for part in round propose commit batch; do
+    echo "racecheck_qwen3-8b-b16-L1_$part racecheck qwen3-8b-b16-L1 64 --precision bf16 --parts $part" >> "$OUT/sanitize_jobs.txt"
+  done
+  for tool in initcheck synccheck; do
     for part in round propose commit batch; do
       echo "${tool}_qwen3-8b-b16_$part $tool qwen3-8b-b16 64 --precision bf16 --parts $part" >> "$OUT/sanitize_jobs.txt"
     done
