@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite and the benchmarks, from the repository root on the device machine:
-#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|sanitize|profile]
+#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|tables|sanitize|profile]
 #   (default: all)
 # tests:   the test suite, CPU and GPU, in TEST_SHARDS (3) parallel pytest processes
 # suite:   tests and scale at once, within one device call (2 + 3 processes by default: with
@@ -18,6 +18,10 @@
 # batch:   bench_round --batch 1 .. 64 --profile (qwen3-8b bf16, ctx 4096; exact and bf16
 #          activations) and bench_kernels --batched (gemm_bf16act's tiles): batched rounds
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
+# tables:  every table docs/performance.md's goals quote, in one call: both presets, every
+#          precision at ctx 4096 (with propose) and 131072, batch 1 / 16 / 64 (exact and bf16
+#          activations; q8_0 / q4_0 too), the peer beside each, and bf16 with its round-only
+#          weights tiled (--no-batched-bf16-gemm) beside row-major
 # sanitize: compute-sanitizer's memcheck, racecheck, initcheck and synccheck over
 #          tools/sanitize_round.py (every kind of call once, checked against the reference) on
 #          tiny, tiny-swa, tiny-dspark and tiny-dflash2 in every precision, and qwen3-8b-b16 (memcheck
@@ -126,6 +130,15 @@ if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in 
   run bench_qwen_long python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
   run bench_gemma_long python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
 fi
+if [ "$PART" = tables ]; then   # every figure of docs/performance.md's goals, the peer beside
+  for ck in qwen3-8b-b16 gemma4-31b; do
+    run "tables_${ck}_4096" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --rounds 200 --propose --peer
+    run "tables_${ck}_131072" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 --ctx 131072 --rounds 30 --peer
+    run "tables_${ck}_batch" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --batch 1 16 64 --activations f32 bf16 --rounds 30 --peer
+    run "tables_${ck}_batch_quant" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 f32 --rounds 30
+  done
+  run tables_qwen_decode_bf16 python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 --ctx 4096 --rounds 200 --row-major --no-batched-bf16-gemm
+fi
 if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
   # one job a line: log name, tool, checkpoint, ctx, then sanitize_round's own arguments;
   # SANITIZE_PARALLEL (10) at once on the one GPU. qwen3-8b-b16's runs are split by precision
@@ -202,4 +215,5 @@ for f in "$OUT"/tests_[0-9]*.log; do [ -f "$f" ] && echo "tests $(basename "$f")
 grep -h -E "gpu vs ref|gpu timing|INVALID|Error" "$OUT"/load_check_*.log 2>/dev/null | cut -c1-220
 grep -h -E "^soak" "$OUT/soak.log" "$OUT/soak_churn.log" 2>/dev/null
 grep -h -E "forward_round|ingest|draft_tokens|propose|ordering|^bf16 +[0-9]+ " "$OUT"/bench_*.log 2>/dev/null
+grep -h -E "forward_round|propose|^ *(f32|bf16) +[0-9]+ |^peer|B = " "$OUT"/tables_*.log 2>/dev/null | cut -c1-200
 exit $status
