@@ -18,7 +18,7 @@
 # batch:   bench_round --batch 1 .. 64 --profile (qwen3-8b bf16, ctx 4096; exact and bf16
 #          activations) and bench_kernels --batched (gemm_bf16act's tiles): batched rounds
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
-# tables:  every table docs/performance.md's goals quote, in one call: both presets, every
+# tables:  every table of docs/performance.md's figures, in one call: both presets, every
 #          precision at ctx 4096 (with propose) and 131072, batch 1 / 16 / 64 (exact and bf16
 #          activations; q8_0 / q4_0 too), the peer beside each, and bf16 with its round-only
 #          weights tiled (--no-batched-bf16-gemm) beside row-major
@@ -130,7 +130,7 @@ if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in 
   run bench_qwen_long python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
   run bench_gemma_long python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
 fi
-if [ "$PART" = tables ]; then   # every figure of docs/performance.md's goals, the peer beside
+if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer beside each
   for ck in qwen3-8b-b16 gemma4-31b; do
     run "tables_${ck}_4096" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --rounds 200 --propose --peer
     run "tables_${ck}_131072" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 --ctx 131072 --rounds 30 --peer
