@@ -29,7 +29,7 @@
 #          racecheck the same over one layer of its geometry),
 #          SANITIZE_PARALLEL (10) jobs at once
 # profile: Nsight Compute's per-kernel time and DRAM bytes of one call (tools/profile_round.py)
-#          for issue 10's distances, and the stall reasons of the attention partial, the q4_0
+#          for each kernel's distance to its bytes, and the stall reasons of the attention partial, the q4_0
 #          decode linear and the quantized ingest tile
 # Run the parts as separate device calls so each fits the 10-minute limit. Logs go to $OUT
 # (or ./gpu_logs); the summary lines print last.
@@ -117,12 +117,12 @@ if [ "$PART" = kernels ]; then
   run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
   run bench_stream python3 dev/bench_stream.py
 fi
-if [ "$PART" = bench ]; then   # issue 10's tables at ctx 4096 and the per-kernel profile
+if [ "$PART" = bench ]; then   # bench_round at ctx 4096 (the peer beside) and every kernel alone
   run bench_qwen python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --propose --host-profile --peer
   run bench_gemma python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --peer
   run bench_kernels python3 tools/bench_kernels.py --precision bf16 q8_0 q4_0
 fi
-if [ "$PART" = batch ]; then   # issue 11's table: batched rounds, qwen3-8b bf16 at ctx 4096
+if [ "$PART" = batch ]; then   # batched rounds, qwen3-8b bf16 at ctx 4096
   run bench_batch python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 --ctx 4096 --batch 1 2 4 8 16 32 64 --rounds 50 --profile
   run bench_batched_linears python3 tools/bench_kernels.py --batched 64 128 256 512 1024
 fi
