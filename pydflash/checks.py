@@ -508,10 +508,17 @@ def out_rows(rt: Runtime, out: Any, name: str, rows: int, cols: int) -> cp.ndarr
 def int32_ids(rt: Runtime, ids: Any, name: str, n: int | None = None) -> cp.ndarray:
     """Host ints (range-checked) or a device int32 / int64 array (int64, torch's ids,
     converted on the device: a value outside [0, 2^31) becomes -1, an id no table holds)
-    -> device int32 [n]."""
+    -> device int32 [n]. Every check comes before anything is allocated or queued."""
     if is_device_array(ids):
         arr = rt.as_device_array(ids, name).reshape(-1)
-        if arr.dtype == np.int64 or arr.dtype == np.uint64:
+        wide = arr.dtype == np.int64 or arr.dtype == np.uint64
+        if not wide and arr.dtype != np.int32:
+            raise ShapeError(
+                f"{name}: device ids must be int32 or int64, found {dtype_name(arr.dtype)}"
+            )
+        if n is not None and arr.size != n:
+            raise ShapeError(f"{name}: expected {n} values, found {arr.size}")
+        if wide:
             from .ops import elementwise
 
             if not arr.flags.c_contiguous:
@@ -519,16 +526,12 @@ def int32_ids(rt: Runtime, ids: Any, name: str, n: int | None = None) -> cp.ndar
             out = rt.empty(arr.size, np.int32)
             elementwise.to_i32(rt, arr.view(np.int64), out, arr.size)
             arr = out
-        elif arr.dtype != np.int32:
-            raise ShapeError(
-                f"{name}: device ids must be int32 or int64, found {dtype_name(arr.dtype)}"
-            )
-    else:
-        host = host_int32(ids, name)
-        arr = rt.empty(host.size, np.int32)
-        rt.copy_from_host(arr, host)
-    if n is not None and arr.size != n:
-        raise ShapeError(f"{name}: expected {n} values, found {arr.size}")
+        return arr
+    host = host_int32(ids, name)
+    if n is not None and host.size != n:
+        raise ShapeError(f"{name}: expected {n} values, found {host.size}")
+    arr = rt.empty(host.size, np.int32)
+    rt.copy_from_host(arr, host)
     return arr
 
 

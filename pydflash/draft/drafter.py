@@ -46,6 +46,7 @@ from ..io.checkpoint import Checkpoint
 from ..model.config import DflashCfg
 from ..model.envelope import check_geometry
 from ..ops import attention, elementwise
+from . import commit as commit_graph
 from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
 from .batch_round import PoolRounds
 from .buffers import CommitStage, RoundBuffers
@@ -73,9 +74,6 @@ from .weights import (
 )
 
 MAX_PROPOSE_GRAPHS = 8  # captured propose graphs kept per DflashKv (oldest dropped first)
-# commit calls of up to this many rows replay one captured graph per (kv, rows): a round
-# accepts at most block_size + 1 rows (drafts and the bonus); longer commits run eagerly
-COMMIT_GRAPH_ROWS = 64
 
 
 class DflashDraft:
@@ -527,57 +525,23 @@ class DflashDraft:
             host_pos = kv.check_positions_arg(e, positions, t, "positions", base)  # rings' order
             if base + t > kv.cap:
                 raise CapacityError(f"commit: {t} rows at len {base} exceed cap {kv.cap}")
-            # replayed when no row of the call overwrites another in a ring (a round's
-            # accepted rows never do: a ring holds W - 1 + 2 * block rows)
-            replay = 0 < t <= COMMIT_GRAPH_ROWS and (not kv.ring_rows or t <= kv.ring_rows)
-            if self.cuda_graphs and replay:
-                stage = self._commit_stage(e)  # allocates once (a failure changes nothing)
-                if rollback_to is not None:
-                    kv.len = base
-                self._commit_replayed(e, kv, stage, x, host_pos, t)
+            # what can fail comes first (the features' and the stages' allocations, the
+            # positions' host staging), then the device writes at row base, then kv's
+            # bookkeeping (len rolled back only now): a failed call leaves kv as it was
+            if self.cuda_graphs and commit_graph.replayable(kv, t):
+                if self._commit is None:  # allocated once
+                    self._commit = commit_graph.new_stage(e, c, self.fc)
+                g, stage = self._graphs, self._commit
+                commit_graph.replay(e, self.net, g, self._buf, kv, stage, x, host_pos, t, base)
                 return
-            # the features first: they allocate (a failure leaves len where it was)
-            feats = self.ctx_features(e, x, t) if t else None
+            if t:
+                feats = self.ctx_features(e, x, t)
+                kv.write_positions(e, host_pos, base, t, "positions")  # validated: host_pos
+                self.net.ingest(e, kv, feats, base, t, self._buf)
             if rollback_to is not None:
                 kv.len = base
             if t:
-                self.ingest_ctx(e, kv, feats, positions, t)
-
-    def _commit_stage(self, e: Engine) -> CommitStage:
-        if self._commit is None:
-            c = self.cfg
-            ks = linear.k_splits(e, self.fc)
-            rows = COMMIT_GRAPH_ROWS
-            with e.allocating(4 * rows * (c.tap_width + (ks + 1) * c.hidden + 2), "commit"):
-                self._commit = CommitStage(
-                    taps=e.empty((rows, c.tap_width)),
-                    feats=e.empty((rows, c.hidden)),
-                    part=e.empty(ks * rows * c.hidden),
-                    state=e.empty(1 + rows, np.int32),
-                )
-        return self._commit
-
-    def _commit_replayed(
-        self, e: Engine, kv: DflashKv, stage: CommitStage, x: Any, host_pos: Any, t: int
-    ) -> None:
-        """commit's t rows through one captured graph per (kv, t): the taps copied into the
-        stage, [len, positions] staged in one copy, the graph launched; the host keeps the
-        KV's bookkeeping (the same rows as ctx_features + ingest_ctx, bit for bit)."""
-        base = kv.len
-        stage.taps[:t] = x  # a device copy on the engine stream
-        if isinstance(host_pos, np.ndarray):
-            words = np.concatenate([[base], host_pos]).astype(np.int32)
-            e.copy_from_host(stage.state[: 1 + t], words)
-        else:  # device positions (rings=False): checked int32 [t]
-            e.copy_from_host(stage.state[:1], np.array([base], np.int32))
-            stage.state[1 : 1 + t] = host_pos
-        # at most COMMIT_GRAPH_ROWS graphs a KV (one per row count)
-        self._graphs.run(
-            e, kv, ("commit", t), lambda: self.net.commit_rows(e, kv, t, stage, self._buf)
-        )
-        if isinstance(host_pos, np.ndarray):
-            kv.record_positions(host_pos, base)
-        kv.commit(t)
+                kv.commit(t)
 
     # -- batched drafting over a DflashBatchKv -------------------------------------------------
     def new_batch_kv(
@@ -659,12 +623,28 @@ class DflashDraft:
                 for t in cnt:
                     feats.append(self.ctx_features(e, x[at : at + t], t) if t else None)
                     at += t
-            for s, r in zip(ids, back):  # validated: from here on state changes
-                if r is not None:
-                    pool.slot(s).len = r
-            for s, t, p, f in zip(ids, cnt, per, feats):
+            # the positions staged on the device in one copy (the last allocation: a failure
+            # still changes nothing), then each sequence's rows written at its base, then the
+            # slots' bookkeeping (lens rolled back only now)
+            staged: Any = None
+            if total:
+                with e.allocating(4 * total, "commit_batch positions"):
+                    staged = e.empty(total, np.int32)
+                e.copy_from_host(staged, np.concatenate(per))
+            at = 0
+            for s, t, p, f, r in zip(ids, cnt, per, feats, back):
+                kv = pool.slot(s)
+                base = kv.len if r is None else r
                 if t:
-                    self.ingest_ctx(e, pool.slot(s), f, p, t)
+                    kv.place_positions(p, staged[at : at + t], base)
+                    self.net.ingest(e, kv, f, base, t, self._buf)
+                at += t
+            for s, t, r in zip(ids, cnt, back):
+                kv = pool.slot(s)
+                if r is not None:
+                    kv.len = r
+                if t:
+                    kv.commit(t)
 
     # -- one batched round ---------------------------------------------------------------------
     def forward_round_batch(

@@ -286,6 +286,13 @@ class DflashKv(CommittedRows):
         else:
             self.pos[start : start + n] = src
 
+    def place_positions(self, host: np.ndarray, staged: Any, start: int) -> None:
+        """Validated positions of rows [start, start + n): `staged` (their device int32 copy)
+        into self.pos, `host` into the rings' host copy (commit_batch stages every
+        sequence's positions in one copy before it writes any)."""
+        self.pos[start : start + host.size] = staged
+        self.record_positions(host, start)
+
     def write_round_state(self, e: Engine, pos_block: Any, name: str) -> None:
         """[len, pos_block...] -> round_state, validated first, queued on the current stream;
         the block's K/V will overwrite the rings' oldest slots."""

@@ -81,3 +81,105 @@ def test_errors_mid_round_leave_kv_and_graph_usable(engine, preset_checkpoint, r
             cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise), pos[50:])), first
         )
     assert d._graphs.count(kv, "round") == 1
+
+
+class _StagingFails:
+    """Engine.copy_from_host raising a DeviceMemoryError (the page-locked staging could not
+    be allocated) on its next call, then the engine's own again."""
+
+    def __init__(self, monkeypatch, e):
+        self.calls = 0
+        real = e.copy_from_host
+
+        def fail_once(dst, a):
+            self.calls += 1
+            if self.calls == 1:
+                raise DeviceMemoryError("staging: out of page-locked memory (injected)")
+            return real(dst, a)
+
+        monkeypatch.setattr(e, "copy_from_host", fail_once)
+
+
+def _rows(rng, t, width):
+    return (rng.standard_normal((t, width)) * 0.5).astype(np.float32)
+
+
+@pytest.mark.parametrize("t", [3, 80])  # the replayed path (<= 64 rows) and the eager one
+@pytest.mark.parametrize("preset", ["tiny", "tiny-swa"])
+def test_a_commit_that_fails_rolls_nothing_back(
+    engine, preset_checkpoint, rng, monkeypatch, t, preset
+):
+    """commit(rollback_to=...) whose positions' staging fails leaves len, the roll-back floor
+    and the K/V rows as they were (the roll-back happens only after the rows are written); the
+    same call then succeeds and equals a twin KV that never saw the failure, bit for bit."""
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, preset_checkpoint(preset), "bf16")
+    c, b = d.cfg, d.cfg.block_size
+    n0 = 150
+    taps0 = _rows(rng, n0, c.tap_width)
+    kvs = [d.new_kv(e, 512) for _ in range(2)]
+    for kv in kvs:
+        d.commit(e, kv, cp.asarray(taps0), np.arange(n0), n0)
+    noise = cp.asarray(_rows(rng, b, c.hidden))
+    before = cp.asnumpy(d.forward_round(e, kvs[0], noise, np.arange(n0, n0 + b)))
+    back = n0 - 5
+    taps = cp.asarray(_rows(rng, t, c.tap_width))
+    pos = np.arange(back, back + t)
+    state = (kvs[0].len, kvs[0].rollback_floor)
+    fails = _StagingFails(monkeypatch, e)
+    with pytest.raises(DeviceMemoryError, match="injected"):
+        d.commit(e, kvs[0], taps, pos, t, rollback_to=back)
+    assert fails.calls == 1
+    assert (kvs[0].len, kvs[0].rollback_floor) == state
+    again = cp.asnumpy(d.forward_round(e, kvs[0], noise, np.arange(n0, n0 + b)))
+    np.testing.assert_array_equal(again, before)  # no row below len was touched
+    for kv in kvs:  # now the call succeeds, on both
+        d.commit(e, kv, taps, pos, t, rollback_to=back)
+    blk = np.arange(back + t, back + t + b)
+    got, want = (cp.asnumpy(d.forward_round(e, kv, noise, blk)) for kv in kvs)
+    assert kvs[0].len == kvs[1].len == back + t
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_commit_batch_that_fails_rolls_nothing_back(engine, preset_checkpoint, rng, monkeypatch):
+    """commit_batch with roll-backs whose positions' staging fails leaves every slot's len
+    and rows as they were; the same call then succeeds and equals single commits."""
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, preset_checkpoint("tiny"), "bf16")
+    c, b = d.cfg, d.cfg.block_size
+    pool = d.new_batch_kv(e, 3, 256)
+    slots = [pool.add() for _ in range(3)]
+    singles = [d.new_kv(e, 256) for _ in range(3)]
+    lens = [40, 70, 55]
+    for s, kv, n in zip(slots, singles, lens):
+        taps0 = cp.asarray(_rows(rng, n, c.tap_width))
+        d.commit_batch(e, pool, [s], taps0, np.arange(n), [n])
+        d.commit(e, kv, taps0, np.arange(n), n)
+    counts, back = [2, 0, 4], [38, None, 50]
+    taps = _rows(rng, sum(counts), c.tap_width)
+    per = [
+        np.arange(r if r is not None else n, (r if r is not None else n) + k)
+        for r, n, k in zip(back, lens, counts)
+    ]
+    state = [(pool.slot(s).len, pool.slot(s).rollback_floor) for s in slots]
+    _StagingFails(monkeypatch, e)
+    with pytest.raises(DeviceMemoryError, match="injected"):
+        d.commit_batch(
+            e, pool, slots, cp.asarray(taps), np.concatenate(per), counts, rollback_to=back
+        )
+    assert [(pool.slot(s).len, pool.slot(s).rollback_floor) for s in slots] == state
+    d.commit_batch(e, pool, slots, cp.asarray(taps), np.concatenate(per), counts, rollback_to=back)
+    at = 0
+    for kv, k, r, p in zip(singles, counts, back, per):
+        d.commit(e, kv, cp.asarray(taps[at : at + k]), p, k, rollback_to=r)
+        at += k
+    noise = cp.asarray(_rows(rng, b, c.hidden))
+    for s, kv in zip(slots, singles):
+        assert pool.slot(s).len == kv.len
+        blk = np.arange(kv.len, kv.len + b)
+        got = cp.asnumpy(d.forward_round(e, pool.slot(s), noise, blk))
+        np.testing.assert_array_equal(got, cp.asnumpy(d.forward_round(e, kv, noise, blk)))
