@@ -1,11 +1,14 @@
-"""commit's replayed path: the accepted rows' ctx_features + ingest through one captured CUDA
-graph per (kv, row count), fed from a device stage the drafter allocates once. The graph reads
-the base row and the positions from the stage on the device, so it serves every len; the host
-keeps the KV's bookkeeping, updated only after the launch (a failure before it changes
-nothing)."""
+"""Writing committed rows. commit and a small ingest_ctx replay one captured CUDA graph per
+(kv, row count) (the accepted rows' ctx_features + ingest, or the ingest alone), fed from a
+device stage the drafter allocates once: the graph reads the base row and the positions from
+the stage on the device, so it serves every len. The batched calls ingest several sequences
+eagerly. Either way the host keeps the KV's bookkeeping, updated only after the rows are
+written (a failure before that changes nothing).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,14 +25,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from .kv import DflashKv
     from .network import DraftNetwork
 
-# commit calls of up to this many rows replay one captured graph per (kv, rows): a round
-# accepts at most block_size + 1 rows (drafts and the bonus); longer commits run eagerly
+# commit and ingest_ctx calls of up to this many rows replay one captured graph per (kv, rows):
+# a round accepts at most block_size + 1 rows (drafts and the bonus); longer ones run eagerly
 COMMIT_GRAPH_ROWS = 64
 
 
 def replayable(kv: DflashKv, t: int) -> bool:
-    """Whether t rows commit through the graph: no row of the call overwrites another in a
-    ring (a round's accepted rows never do: a ring holds W - 1 + 2 * block rows)."""
+    """Whether t rows go through a graph: at most COMMIT_GRAPH_ROWS, and no row of the call
+    overwrites another in a ring (a round's accepted rows never do: a ring holds W - 1 +
+    2 * block rows)."""
     return 0 < t <= COMMIT_GRAPH_ROWS and (not kv.ring_rows or t <= kv.ring_rows)
 
 
@@ -64,16 +68,84 @@ def replay(
     in one copy, the graph launched; then kv's len rolled back to base and the rows committed
     (the same rows as ctx_features + ingest_ctx, bit for bit)."""
     stage.taps[:t] = x  # a device copy on the engine stream
-    if isinstance(host_pos, np.ndarray):
-        words = np.concatenate([[base], host_pos]).astype(np.int32)
-        e.copy_from_host(stage.state[: 1 + t], words)
-    else:  # device positions (rings=False): checked int32 [t]
-        e.copy_from_host(stage.state[:1], np.array([base], np.int32))
-        stage.state[1 : 1 + t] = host_pos
+    _stage_positions(e, stage, host_pos, base, t)
     # at most COMMIT_GRAPH_ROWS graphs a KV (one per row count)
     graphs.run(e, kv, ("commit", t), lambda: net.commit_rows(e, kv, t, stage, buf))
     if base != kv.len:
         kv.len = base
+    _committed(kv, host_pos, base, t)
+
+
+def replay_ingest(
+    e: Engine,
+    net: DraftNetwork,
+    graphs: GraphCache,
+    buf: RoundBuffers,
+    kv: DflashKv,
+    stage: CommitStage,
+    feats: Any,
+    host_pos: Any,
+    t: int,
+) -> None:
+    """ingest_ctx's t validated rows (features [t, hidden] f32 on the device, positions as in
+    `replay`) at kv.len through one captured graph per (kv, t): the features copied into the
+    stage, [len, positions] staged in one copy, the graph launched, the rows committed (the
+    same rows as the eager ingest, bit for bit)."""
+    base = kv.len
+    stage.feats[:t] = feats  # a device copy on the engine stream
+    _stage_positions(e, stage, host_pos, base, t)
+    graphs.run(e, kv, ("ingest", t), lambda: net.ingest_rows(e, kv, t, stage, buf))
+    _committed(kv, host_pos, base, t)
+
+
+def _stage_positions(e: Engine, stage: CommitStage, host_pos: Any, base: int, t: int) -> None:
+    """[base, positions...] into stage.state: host positions in one staged copy with base,
+    device ones (rings=False: a checked int32 [t]) by a device copy."""
+    if isinstance(host_pos, np.ndarray):
+        words = np.concatenate([[base], host_pos]).astype(np.int32)
+        e.copy_from_host(stage.state[: 1 + t], words)
+    else:
+        e.copy_from_host(stage.state[:1], np.array([base], np.int32))
+        stage.state[1 : 1 + t] = host_pos
+
+
+def _committed(kv: DflashKv, host_pos: Any, base: int, t: int) -> None:
+    """The host's bookkeeping of t rows written at base = kv.len."""
     if isinstance(host_pos, np.ndarray):
         kv.record_positions(host_pos, base)
     kv.commit(t)
+
+
+def ingest_many(
+    e: Engine,
+    net: DraftNetwork,
+    buf: RoundBuffers,
+    kvs: Sequence[DflashKv],
+    feats: Sequence[Any],
+    per: Sequence[np.ndarray],
+    cnt: Sequence[int],
+    back: Sequence[int | None],
+) -> None:
+    """Validated rows of several sequences, eagerly (ingest_batch, commit_batch): features,
+    host positions and counts, and the len each rolls back to (None: it keeps its len). Every
+    sequence's positions are staged on the device in one copy (the last thing that can fail:
+    a failure changes nothing), then each one's rows are written at its base, then the
+    bookkeeping (lens rolled back only now)."""
+    total = sum(cnt)
+    staged: Any = None
+    if total:
+        with e.allocating(4 * total, "positions"):
+            staged = e.empty(total, np.int32)
+        e.copy_from_host(staged, np.concatenate(per))
+    at = 0
+    for kv, f, p, t, r in zip(kvs, feats, per, cnt, back):
+        if t:
+            base = kv.len if r is None else r
+            kv.place_positions(p, staged[at : at + t], base)
+            net.ingest(e, kv, f, base, t, buf)
+        at += t
+    for kv, t, r in zip(kvs, cnt, back):
+        if r is not None:
+            kv.len = r
+        if t:
+            kv.commit(t)

@@ -233,10 +233,25 @@ class DflashDraft:
             c = self.cfg
             f = checks.f32_rows(e, feats, "feats", checks.count(t, "t"), c.hidden)
             kv.check_room(t, "ingest_ctx")
-            start = kv.len
-            kv.write_positions(e, pos_new, start, t, "pos_new")  # validates, then writes
-            self.net.ingest(e, kv, f, start, t, self._buf)
-            kv.commit(t)
+            self._ingest(e, kv, f, pos_new, t, self.cuda_graphs)
+
+    def _ingest(self, e: Engine, kv: DflashKv, f: Any, pos: Any, t: int, graph: bool) -> None:
+        """t checked rows of features f at kv.len (positions validated here): replayed as
+        commit is (graph, and commit_graph.replayable), else eagerly."""
+        start = kv.len
+        if graph and commit_graph.replayable(kv, t):
+            host_pos = kv.check_positions_arg(e, pos, t, "pos_new", start)
+            g, stage = self._graphs, self._commit_stage(e)
+            commit_graph.replay_ingest(e, self.net, g, self._buf, kv, stage, f, host_pos, t)
+            return
+        kv.write_positions(e, pos, start, t, "pos_new")  # validates, then writes
+        self.net.ingest(e, kv, f, start, t, self._buf)
+        kv.commit(t)
+
+    def _commit_stage(self, e: Engine) -> CommitStage:
+        if self._commit is None:  # allocated once (a failure changes nothing)
+            self._commit = commit_graph.new_stage(e, self.cfg, self.fc)
+        return self._commit
 
     def forward_round(
         self,
@@ -288,7 +303,7 @@ class DflashDraft:
             checks.check_len(pos, "pos", ctx + c.block_size)
             # rings where the positions allow them (ingest + round on a KV of rings), else not
             kv = self.new_kv(e, ctx, rings=positions_ringable(pos, ctx))
-            self.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
+            self._ingest(e, kv, feats, pos[:ctx], ctx, graph=False)  # a KV of one call
             return self._round(e, kv, noise_emb, pos[ctx:], None, capture=False)
 
     def forward(
@@ -529,9 +544,7 @@ class DflashDraft:
             # positions' host staging), then the device writes at row base, then kv's
             # bookkeeping (len rolled back only now): a failed call leaves kv as it was
             if self.cuda_graphs and commit_graph.replayable(kv, t):
-                if self._commit is None:  # allocated once
-                    self._commit = commit_graph.new_stage(e, c, self.fc)
-                g, stage = self._graphs, self._commit
+                g, stage = self._graphs, self._commit_stage(e)
                 commit_graph.replay(e, self.net, g, self._buf, kv, stage, x, host_pos, t, base)
                 return
             if t:
@@ -576,11 +589,12 @@ class DflashDraft:
             pool = self._check_pool(e, pool)
             ids, cnt, per = pool.check_ragged(slots, pos, counts)
             f = checks.f32_rows(e, feats, "feats", sum(cnt), self.cfg.hidden)
-            at = 0
-            for s, t, p in zip(ids, cnt, per):
-                if t:
-                    self.ingest_ctx(e, pool.slot(s), f[at : at + t], p, t)
+            rows, at = [], 0
+            for t in cnt:
+                rows.append(f[at : at + t])
                 at += t
+            kvs, back = [pool.slot(s) for s in ids], [None] * len(ids)
+            commit_graph.ingest_many(e, self.net, self._buf, kvs, rows, per, cnt, back)
 
     def commit_batch(
         self,
@@ -623,28 +637,8 @@ class DflashDraft:
                 for t in cnt:
                     feats.append(self.ctx_features(e, x[at : at + t], t) if t else None)
                     at += t
-            # the positions staged on the device in one copy (the last allocation: a failure
-            # still changes nothing), then each sequence's rows written at its base, then the
-            # slots' bookkeeping (lens rolled back only now)
-            staged: Any = None
-            if total:
-                with e.allocating(4 * total, "commit_batch positions"):
-                    staged = e.empty(total, np.int32)
-                e.copy_from_host(staged, np.concatenate(per))
-            at = 0
-            for s, t, p, f, r in zip(ids, cnt, per, feats, back):
-                kv = pool.slot(s)
-                base = kv.len if r is None else r
-                if t:
-                    kv.place_positions(p, staged[at : at + t], base)
-                    self.net.ingest(e, kv, f, base, t, self._buf)
-                at += t
-            for s, t, r in zip(ids, cnt, back):
-                kv = pool.slot(s)
-                if r is not None:
-                    kv.len = r
-                if t:
-                    kv.commit(t)
+            kvs = [pool.slot(s) for s in ids]
+            commit_graph.ingest_many(e, self.net, self._buf, kvs, feats, per, cnt, back)
 
     # -- one batched round ---------------------------------------------------------------------
     def forward_round_batch(

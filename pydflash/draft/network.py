@@ -127,15 +127,26 @@ class DraftNetwork:
         captured graph per (kv, t) serves every len. The same kernels and arithmetic as
         ctx_features + ingest_ctx of t rows (the decode linears: t is below the GEMM's
         rows), the base row read on the device."""
-        c = self.cfg
         feats = staged.feats[:t]
         features = linear.features_choice(e, self.fc, t)  # the decode linear at these rows
         self.features(e, staged.taps[:t], t, feats, staged.part, features)
+        self.ingest_rows(e, kv, t, staged, buf)
+
+    def ingest_rows(
+        self, e: Engine, kv: DflashKv, t: int, staged: CommitStage, buf: RoundBuffers
+    ) -> None:
+        """ingest's t rows (t <= COMMIT_GRAPH_ROWS, no ring overwriting its own rows) with
+        nothing read on the host: the features from staged.feats, the base row and the
+        positions from staged.state, so one captured graph per (kv, t) serves every len; the
+        same kernels and arithmetic as `ingest` (the decode linears: t is below the GEMM's
+        rows, and no row is skipped)."""
+        c = self.cfg
+        feats = staged.feats[:t]
         base, pos = staged.state[:1], staged.state[1 : 1 + t]
         scatter_block_pos(e, kv.pos, base, pos, t)
         ks, stride = buf.ks_kv, buf.kv_part.shape[1] * buf.kv_part.shape[-1]
         kvs: list = [la.kv for la in self.layers]
-        plan = linear.ingest_plan(e, kvs, t, buf.kv_part, ks, None)  # the decode linear here
+        plan = linear.ingest_plan(e, kvs, t, buf.kv_part, ks, None, self.policy)  # decode here
         for li, layer in enumerate(self.layers):
             linear.project_rows(e, plan.choice, layer.kv, feats, t, buf.kv_part, ks, stride)
             qkv_rope.qkv_norm_rope(

@@ -334,6 +334,47 @@ def test_each_math_feature_changes_the_answer(engine, ckpts, rng, name, feature)
 
 
 @pytest.mark.parametrize("name", ["swa", "medium"])
+def test_small_ingests_replay_their_graph_bit_for_bit(engine, ckpts, rng, name):
+    """ingest_ctx of up to 64 rows (and no more than a ring holds) replays one captured graph
+    per (kv, rows), as commit does: sizes repeated so graphs replay, past the rings' wrap,
+    host and device positions, a longer ingest between them (eager), equal to a drafter
+    without graphs bit for bit, and so is the round over them."""
+    from pydflash import DflashDraft
+
+    e = engine
+    graphed = DflashDraft.load(e, ckpts[name], "bf16")
+    plain = DflashDraft.load(e, ckpts[name], "bf16", cuda_graphs=False)
+    c = graphed.cfg
+    kv_g, kv_p = graphed.new_kv(e, 1200), plain.new_kv(e, 1200)
+    ring = kv_g.ring_rows
+    done = 0
+    for step in range(30):
+        t = 100 if step == 12 else int(rng.choice([1, 2, 3, c.block_size + 1, 64]))
+        feats = cp.asarray(rng.standard_normal((t, c.hidden)).astype(np.float32))
+        pos = np.arange(done, done + t)
+        p = pos if ring else cp.asarray(pos.astype(np.int32))
+        graphed.ingest_ctx(e, kv_g, feats, p, t)
+        plain.ingest_ctx(e, kv_p, feats, p, t)
+        done += t
+        assert kv_g.len == kv_p.len == done
+    assert graphed._graphs.count(kv_g, "ingest"), "the graph path ran"
+    assert graphed._graphs.count(kv_g, "ingest") <= 5  # one per row count of at most 64
+    for li in range(c.n_layer):
+        rows = kv_g.k[li].shape[0] if kv_g.layer_ring(li, c) else done  # the written rows
+        for a, b in ((kv_g.k[li], kv_p.k[li]), (kv_g.v[li], kv_p.v[li])):
+            np.testing.assert_array_equal(cp.asnumpy(a[:rows]), cp.asnumpy(b[:rows]))
+    np.testing.assert_array_equal(cp.asnumpy(kv_g.pos[:done]), cp.asnumpy(kv_p.pos[:done]))
+    noise = cp.asarray(rng.standard_normal((c.block_size, c.hidden)).astype(np.float32))
+    blk = np.arange(done, done + c.block_size)
+    np.testing.assert_array_equal(
+        cp.asnumpy(graphed.forward_round(e, kv_g, noise, blk)),
+        cp.asnumpy(plain.forward_round(e, kv_p, noise, blk)),
+    )
+    if ring:
+        assert done > ring  # the rings wrapped
+
+
+@pytest.mark.parametrize("name", ["swa", "medium"])
 def test_commit_replays_its_graph_bit_for_bit(engine, ckpts, rng, name):
     """commit of 1..b+1 rows replays one captured graph per (kv, rows): as len grows past the
     rings' wrap, with roll-backs, host and device positions, equal to the eager
