@@ -403,6 +403,8 @@ def kv_matches(kv_cfg: DflashCfg, cfg: DflashCfg, name: str = "kv") -> None:
     """A KV cache used with a drafter must have been built for its layers, kv dims, block and
     per-layer sliding windows (a sliding layer's ring and key window are sized from them)."""
     k, c = kv_cfg, cfg
+    if k is c:  # new_kv's own config (frozen): every round skips the per-layer lists
+        return
     if (k.n_layer, k.kv_dim, k.block_size) != (c.n_layer, c.kv_dim, c.block_size):
         raise ShapeError(
             f"{name}: built for {k.n_layer} layers x {k.kv_dim} kv dims, block "
