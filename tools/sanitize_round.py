@@ -150,10 +150,10 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
     for activations in ("f32", "bf16"):
         for _ in range(2):  # captured, then replayed
             out = d.forward_round_batch(e, pool, slots, noises, blocks, activations=activations)
-        # the single round over the same slot's KV: the pool's rows came from one projection of
-        # all three sequences' stacked rows, whose row count may pick another kernel than one
-        # sequence's (the dispatch table's GEMM crossover), so a separately ingested KV may
-        # round differently
+        # the single round over the same slot's KV: the pool's features came from one
+        # ctx_features over all three sequences' stacked taps, whose row count may pick another
+        # kernel than one sequence's (the dispatch table's GEMM crossover), so a KV ingested
+        # from one sequence's own features may round differently
         single = d.forward_round(e, pool.slot(slots[1]), cp.asarray(noise), blocks[1])
         # exact activations: bit for bit; bf16 activations: to their rounding (docs/batching.md)
         bound = 1e-30 if activations == "f32" else 2e-2

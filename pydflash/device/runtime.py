@@ -344,7 +344,7 @@ class Runtime:
             return  # inside a graph capture nothing runs (and synchronising is illegal)
         try:
             cp.cuda.get_current_stream().synchronize()
-        except _CUDA_ERRORS as exc:
+        except CUDA_ERRORS as exc:
             raise DeviceFaultError(f"{spec.name}: the kernel faulted ({exc})") from None
 
     # -- memory -------------------------------------------------------------------------------
@@ -402,7 +402,14 @@ class Runtime:
             return
         while self._staging and self._staging[0][0].done:
             self._staging.popleft()
-        mem = cp.cuda.alloc_pinned_memory(a.nbytes)
+        try:
+            mem = cp.cuda.alloc_pinned_memory(a.nbytes)
+        except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as exc:
+            if isinstance(exc, cp.cuda.runtime.CUDARuntimeError) and exc.status != 2:
+                raise  # not cudaErrorMemoryAllocation: a fault, reported as one
+            raise DeviceMemoryError(
+                f"staging {a.nbytes} bytes for the device: out of page-locked host memory"
+            ) from None
         np.frombuffer(mem, np.uint8, a.nbytes)[:] = a.reshape(-1).view(np.uint8)
         dst.data.copy_from_host_async(mem.ptr, a.nbytes, stream)
         done = cp.cuda.Event(block=False, disable_timing=True)
@@ -514,7 +521,8 @@ class Runtime:
             )
 
 
-_CUDA_ERRORS: tuple[type[BaseException], ...] = (
+# CuPy's CUDA errors (the driver's and the runtime's)
+CUDA_ERRORS: tuple[type[BaseException], ...] = (
     (cp.cuda.driver.CUDADriverError, cp.cuda.runtime.CUDARuntimeError) if cp is not None else ()
 )
 
@@ -528,7 +536,7 @@ def _device_faults() -> Iterator[None]:
         yield
     except DeviceFaultError:
         raise
-    except _CUDA_ERRORS as exc:
+    except CUDA_ERRORS as exc:
         raise DeviceFaultError(
             f"the device reported an error ({exc}); after a kernel fault the process's CUDA "
             "context cannot recover: restart the process (Engine(debug_sync=True) names the "

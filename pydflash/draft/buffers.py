@@ -1,5 +1,7 @@
 """RoundBuffers: the device buffers of a drafter's rounds and ingest chunks (allocated once per
-drafter, so ingest_ctx and forward_round never allocate), and its per-layer RoPE tables."""
+drafter, so forward_round and a large ingest_ctx never allocate), and its per-layer RoPE
+tables; CommitStage, the stage commit's and a small ingest_ctx's graphs read (allocated at
+the first such call)."""
 
 from __future__ import annotations
 
@@ -140,7 +142,8 @@ def _conv_shapes(cfg: DflashCfg, layer: DflashLayer, m: int, ks: KSplits) -> dic
 @dataclasses.dataclass
 class CommitStage:
     """commit's device staging: the taps [rows, tap_width], their features [rows, hidden] and
-    fc's split-K partials, and [len, positions...] (int32 [1 + rows]) that its graph reads."""
+    fc's split-K partials, and [len, positions...] (int32 [1 + rows]) that its graph reads
+    (a small ingest_ctx's graph reads the features and the positions)."""
 
     taps: Any
     feats: Any

@@ -94,7 +94,8 @@ def replay_ingest(
     base = kv.len
     stage.feats[:t] = feats  # a device copy on the engine stream
     _stage_positions(e, stage, host_pos, base, t)
-    graphs.run(e, kv, ("ingest", t), lambda: net.ingest_rows(e, kv, t, stage, buf))
+    # captured at a key's second call: a KV that ingests one short prompt runs it eagerly
+    graphs.run(e, kv, ("ingest", t), lambda: net.ingest_rows(e, kv, t, stage, buf), eager_calls=1)
     _committed(kv, host_pos, base, t)
 
 

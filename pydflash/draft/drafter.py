@@ -10,9 +10,10 @@ The data flow, top to bottom (each step's launches in pydflash.draft.network):
 the full forward bit for bit); the batched calls run the same launches over a DflashBatchKv.
 
 DflashDraft checks every argument, then stages per-call values on the device and runs its
-parts: the network (the launches), the round buffers (allocated once: ingest_ctx and
-forward_round never allocate or wait on the host), the draft step, and one graph cache for
-every captured graph (pydflash.draft.graphs). One drafter = one stream of rounds.
+parts: the network (the launches), the round buffers (allocated once: forward_round and
+ingest_ctx never wait on the host, and allocate nothing but the commit stage at the first
+commit or small ingest), the draft step, and one graph cache for every captured graph
+(pydflash.draft.graphs). One drafter = one stream of rounds.
 
 A typical round, everything on the device until the caller reads the verdict:
     p = d.propose(e, kv, last, start, embed, lm_head, temperature=0.7, want_probs=True)

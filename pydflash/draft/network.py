@@ -146,7 +146,9 @@ class DraftNetwork:
         scatter_block_pos(e, kv.pos, base, pos, t)
         ks, stride = buf.ks_kv, buf.kv_part.shape[1] * buf.kv_part.shape[-1]
         kvs: list = [la.kv for la in self.layers]
-        plan = linear.ingest_plan(e, kvs, t, buf.kv_part, ks, None, self.policy)  # decode here
+        plan = linear.ingest_plan(e, kvs, t, buf.kv_part, ks, None, self.policy)
+        # the decode linear's one chunk, as `ingest` takes for these rows (its ks and stride)
+        assert plan.choice.kernel.startswith("decode") and t <= plan.chunk, (plan, t)
         for li, layer in enumerate(self.layers):
             linear.project_rows(e, plan.choice, layer.kv, feats, t, buf.kv_part, ks, stride)
             qkv_rope.qkv_norm_rope(

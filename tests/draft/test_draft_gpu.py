@@ -345,7 +345,7 @@ def test_small_ingests_replay_their_graph_bit_for_bit(engine, ckpts, rng, name):
     graphed = DflashDraft.load(e, ckpts[name], "bf16")
     plain = DflashDraft.load(e, ckpts[name], "bf16", cuda_graphs=False)
     c = graphed.cfg
-    kv_g, kv_p = graphed.new_kv(e, 1200), plain.new_kv(e, 1200)
+    kv_g, kv_p = graphed.new_kv(e, 2048), plain.new_kv(e, 2048)  # 29 x 64 + 100 rows at most
     ring = kv_g.ring_rows
     done = 0
     for step in range(30):

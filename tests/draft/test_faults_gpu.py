@@ -84,8 +84,8 @@ def test_errors_mid_round_leave_kv_and_graph_usable(engine, preset_checkpoint, r
 
 
 class _StagingFails:
-    """Engine.copy_from_host raising a DeviceMemoryError (the page-locked staging could not
-    be allocated) on its next call, then the engine's own again."""
+    """Engine.copy_from_host raising the DeviceMemoryError it raises when its page-locked
+    staging cannot be allocated, on its next call; then the engine's own again."""
 
     def __init__(self, monkeypatch, e):
         self.calls = 0
@@ -124,7 +124,7 @@ def test_a_commit_that_fails_rolls_nothing_back(
         d.commit(e, kv, cp.asarray(taps0), np.arange(n0), n0)
     noise = cp.asarray(_rows(rng, b, c.hidden))
     before = cp.asnumpy(d.forward_round(e, kvs[0], noise, np.arange(n0, n0 + b)))
-    back = n0 - 5
+    back = n0 - 5  # tiny-swa: above the rings' roll-back floor (134, then 142 after 2 rounds)
     taps = cp.asarray(_rows(rng, t, c.tap_width))
     pos = np.arange(back, back + t)
     state = (kvs[0].len, kvs[0].rollback_floor)
@@ -183,3 +183,44 @@ def test_a_commit_batch_that_fails_rolls_nothing_back(engine, preset_checkpoint,
         blk = np.arange(kv.len, kv.len + b)
         got = cp.asnumpy(d.forward_round(e, pool.slot(s), noise, blk))
         np.testing.assert_array_equal(got, cp.asnumpy(d.forward_round(e, kv, noise, blk)))
+
+
+def test_a_capture_that_fails_after_the_eager_run_does_not_fail_the_call(
+    engine, preset_checkpoint, rng, monkeypatch
+):
+    """A key's first call runs its launches eagerly, then captures them: a capture that fails
+    (here the commit graph's second pass of launches raising CUDA's out-of-memory) keeps no
+    graph and warns, and the call stands (rolled back and committed, equal to a twin); the
+    key's next call captures."""
+    from pydflash import DflashDraft
+
+    e = engine
+    d = DflashDraft.load(e, preset_checkpoint("tiny"), "bf16")
+    twin = DflashDraft.load(e, preset_checkpoint("tiny"), "bf16", cuda_graphs=False)
+    c, b = d.cfg, d.cfg.block_size
+    kv, kv_t = d.new_kv(e, 256), twin.new_kv(e, 256)
+    taps0 = cp.asarray(_rows(rng, 100, c.tap_width))
+    d.commit(e, kv, taps0, np.arange(100), 100)
+    twin.commit(e, kv_t, taps0, np.arange(100), 100)
+    real, passes = d.net.commit_rows, []
+
+    def second_pass_fails(*args):
+        passes.append(1)
+        if len(passes) == 2:  # the capture's
+            raise cp.cuda.runtime.CUDARuntimeError(2)
+        return real(*args)
+
+    monkeypatch.setattr(d.net, "commit_rows", second_pass_fails)
+    taps = cp.asarray(_rows(rng, 3, c.tap_width))
+    with pytest.warns(RuntimeWarning, match="could not be captured"):
+        d.commit(e, kv, taps, np.arange(96, 99), 3, rollback_to=96)
+    twin.commit(e, kv_t, taps, np.arange(96, 99), 3, rollback_to=96)
+    assert kv.len == kv_t.len == 99 and d._graphs.count(kv, "commit") == 0
+    noise = cp.asarray(_rows(rng, b, c.hidden))
+    blk = np.arange(99, 99 + b)
+    np.testing.assert_array_equal(
+        cp.asnumpy(d.forward_round(e, kv, noise, blk)),
+        cp.asnumpy(twin.forward_round(e, kv_t, noise, blk)),
+    )
+    d.commit(e, kv, taps, np.arange(99, 102), 3)  # passes 3 and 4: eager, then captured
+    assert d._graphs.count(kv, "commit") == 1 and len(passes) == 4

@@ -1,8 +1,9 @@
-"""tools/sanitize_round.py on the device, without a sanitizer: every part passes on a tiny
-checkpoint at a ctx whose batched ingest (three sequences stacked) crosses the dispatch table's
-GEMM row count while one sequence's ingest does not (its batch check once compared a pool
-ingested by one kernel with a single KV ingested by another: "1 difference" at qwen3-8b ctx
-300 under memcheck). Skipped without a CUDA device."""
+"""tools/sanitize_round.py on the device, without a sanitizer: every part passes at a ctx whose
+batched part's features (three sequences' taps stacked) cross the dispatch table's GEMM row
+count while one sequence's do not (its batch check once compared a pool ingested from GEMM
+features with a KV ingested from decode-kernel ones: "1 difference" at qwen3-8b ctx 300 under
+memcheck; tiny shows it, tiny-dflash2's 8-row window reads too few ctx rows to, and stays as
+a regression check). Skipped without a CUDA device."""
 
 import pytest
 
