@@ -1,11 +1,11 @@
 """Every kind of drafter call once, small enough to run under compute-sanitizer: per precision
-ctx_features + ingest_ctx, forward_round (eager, then captured and replayed), forward_block,
-propose (greedy and sampled, replayed), commit (replayed), and a batched round of 3 sequences
-(exact and bf16 activations, replayed), each checked against the NumPy reference so a run that
-"passes" the sanitizer also computed the right thing (propose is run and its tokens printed:
-the GPU tests compare them). `--parts round propose commit batch` picks some of them (round,
-propose and commit share one KV ingested first; batch builds its own pool), so slow tools can
-run the parts apart.
+ctx_features + ingest_ctx (one call, and 8 rows a call: replayed), forward_round (eager, then
+captured and replayed), forward_block, propose (greedy and sampled, replayed), commit
+(replayed), and a batched round of 3 sequences (exact and bf16 activations, replayed), each
+checked against the NumPy reference so a run that "passes" the sanitizer also computed the
+right thing (propose is run and its tokens printed: the GPU tests compare them). `--parts
+round propose commit batch` picks some of them (round, propose and commit share one KV
+ingested first; batch builds its own pool), so slow tools can run the parts apart.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 \\
         python3 tools/sanitize_round.py --ckpt DIR --precision bf16 q8_0 --ctx 300
@@ -106,6 +106,13 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
         want = ref.forward_round(rkv, noise, np.arange(ctx, ctx + b))
         for name in ("forward_round eager", "forward_round captured", "forward_round replayed"):
             expect(name, d.forward_round(e, kv, cp.asarray(noise), np.arange(ctx, ctx + b)), want)
+        # the same rows ingested 8 at a time: a small ingest's eager call, its capture, replays
+        kv8 = d.new_kv(e, ctx + 2 * b + 3)
+        for r0 in range(0, ctx, 8):
+            n = min(8, ctx - r0)
+            d.ingest_ctx(e, kv8, feats[r0 : r0 + n], pos[r0 : r0 + n], n)
+        rnd = d.forward_round(e, kv8, cp.asarray(noise), np.arange(ctx, ctx + b))
+        expect("forward_round, 8-row ingests", rnd, want)
         expect(
             "forward_block",
             d.forward_block(e, feats, cp.asarray(noise), pos[: ctx + b], ctx),

@@ -23,4 +23,5 @@ def test_every_part_passes_across_the_gemm_crossover(engine, preset_checkpoint, 
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.count("batch f32 vs single") == 2 and out.count("batch f32 vs reference") == 2
+    assert out.count("forward_round, 8-row ingests") == 2
     assert "2 precision(s), parts round propose commit batch, 0 difference(s)" in out
