@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite and the benchmarks, from the repository root on the device machine:
-#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|tables|sanitize|profile]
+#   PYTHONPATH=. bash tools/gpu_suite.sh [tests|scale|checks|all|kernels|bench|batch|long|tables|fuzz|soak|sanitize|profile]
 #   (default: all)
 # tests:   the test suite, CPU and GPU, in TEST_SHARDS (3) parallel pytest processes
 # suite:   tests and scale at once, within one device call (2 + 3 processes by default: with
@@ -22,6 +22,8 @@
 #          precision at ctx 4096 (with propose) and 131072, batch 1 / 16 / 64 (exact and bf16
 #          activations; q8_0 / q4_0 too), the peer beside each, and bf16 with its round-only
 #          weights tiled (--no-batched-bf16-gemm) beside row-major
+# fuzz:    the GPU API fuzz (FUZZ_EXAMPLES a target, 250): light enough to run beside `tests`
+# soak:    tools/soak.py --churn (SOAK_ROUNDS, 100000) alone, for its memory and time figures
 # sanitize: compute-sanitizer's memcheck, racecheck, initcheck and synccheck over
 #          tools/sanitize_round.py (every kind of call once, checked against the reference) on
 #          tiny, tiny-swa, tiny-dspark and tiny-dflash2 in every precision, and qwen3-8b-b16 (memcheck
@@ -129,6 +131,14 @@ fi
 if [ "$PART" = long ]; then   # ctx 131072 (bf16 K/V; gemma's sliding layers in rings)
   run bench_qwen_long python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
   run bench_gemma_long python3 tools/bench_round.py --ckpt "$CKPT/gemma4-31b" --precision bf16 q8_0 q4_0 mixed --ctx 131072 --rounds 30
+fi
+if [ "$PART" = fuzz ]; then   # the GPU API fuzz (tiny checkpoints; light: beside `tests` in one call)
+  export PYDFLASH_GPU_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-250}
+  run fuzz python3 -m pytest -q -m fuzz -s -p no:cacheprovider tests/fuzz/test_gpu_fuzz_gpu.py
+  grep -h "GPUFUZZ total" "$OUT/fuzz.log"
+fi
+if [ "$PART" = soak ]; then   # the churn soak, alone on the device (its memory and time figures)
+  run soak_churn python3 tools/soak.py --churn --preset tiny --rounds "${SOAK_ROUNDS:-100000}"
 fi
 if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer beside each
   for ck in qwen3-8b-b16 gemma4-31b; do
