@@ -197,7 +197,7 @@ if [ "$PART" = profile ]; then   # where each op's time goes (ncu: one kernel at
   NCU="ncu --clock-control none --profile-from-start off"
   # PROFILE_SPECS: "preset precision ctx op" entries separated by ";" (default: all of them);
   # PROFILE_STALLS=0 skips the stall sections
-  SPECS=${PROFILE_SPECS:-"qwen3-8b-b16 bf16 4096 round;qwen3-8b-b16 q8_0 4096 round;qwen3-8b-b16 q4_0 4096 round;gemma4-31b bf16 4096 round;qwen3-8b-b16 bf16 131072 round;gemma4-31b bf16 131072 round;qwen3-8b-b16 bf16 4096 propose;qwen3-8b-b16 q8_0 4096 ingest"}
+  SPECS=${PROFILE_SPECS:-"qwen3-8b-b16 bf16 4096 round;qwen3-8b-b16 q8_0 4096 round;qwen3-8b-b16 q4_0 4096 round;gemma4-31b bf16 4096 round;qwen3-8b-b16 bf16 131072 round;gemma4-31b bf16 131072 round;qwen3-8b-b16 bf16 4096 propose;qwen3-8b-b16 q8_0 4096 ingest;qwen3-8b-b16 bf16 4096 batch16"}
   IFS=';' read -r -a SPEC_LIST <<< "$SPECS"
   for spec in "${SPEC_LIST[@]}"; do
     read -r ck prec ctx op <<< "$spec"

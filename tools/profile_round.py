@@ -8,7 +8,8 @@ sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \\
     python3 tools/profile_round.py summarize prof.csv --bandwidth 4.2e12
 
 `run` loads the drafter, ingests ctx random rows, warms the op up (forward_round: its CUDA
-graph; ingest: 4096 rows; propose: the whole greedy round), then brackets ONE call of it with
+graph; ingest: 4096 rows; propose: the whole greedy round; batch16: forward_round_batch over 16
+sequences of ctx rows, exact activations), then brackets ONE call of it with
 cudaProfilerStart / Stop, so `--profile-from-start off` profiles exactly that call's kernels
 (graph nodes one by one). `summarize` turns ncu's raw CSV into one row a kernel: its time,
 its DRAM bytes, its bandwidth and its time against those bytes at the given bandwidth (the
@@ -38,7 +39,8 @@ METRICS = (
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "launch__grid_size",
 )
-OPS = ("round", "ingest", "propose")
+OPS = ("round", "ingest", "propose", "batch16")
+BATCH = 16  # batch16: the exact batched round of this many sequences, ctx rows each
 
 
 def run(ckpt: Path, precision: str, ctx: int, op: str) -> None:
@@ -60,6 +62,15 @@ def run(ckpt: Path, precision: str, ctx: int, op: str) -> None:
     pos = list(range(ctx, ctx + c.block_size))
     out = e.empty((c.block_size, c.hidden))
     kv_in = d.new_kv(e, 4096)
+    pool, slots, noises, blocks = None, [], None, None
+    if op == "batch16":
+        pool = d.new_batch_kv(e, BATCH, ctx + c.block_size)
+        slots = [pool.add() for _ in range(BATCH)]
+        rows = feats[:ctx].copy()
+        for s in slots:  # one call a sequence: the feature rows staged once
+            d.ingest_batch(e, pool, [s], rows, np.arange(ctx), [ctx])
+        noises = cp.asarray(np.stack([cp.asnumpy(noise)] * BATCH))
+        blocks = np.tile(np.arange(ctx, ctx + c.block_size), (BATCH, 1))
 
     def call() -> None:
         if op == "round":
@@ -67,6 +78,8 @@ def run(ckpt: Path, precision: str, ctx: int, op: str) -> None:
         elif op == "ingest":
             kv_in.len = 0
             d.ingest_ctx(e, kv_in, feats[:4096], np.arange(4096), 4096)
+        elif op == "batch16":
+            d.forward_round_batch(e, pool, slots, noises, blocks)
         else:
             d.propose(e, kv, 1, ctx, lm, lm, temperature=0.0)
 
