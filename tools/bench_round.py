@@ -327,9 +327,10 @@ def selector_time(cp, e, d, hidden, lm_bits, rounds: int) -> float:
 
 
 def commit_host_time(cp, e, d, kv, ctx: int, lm_bits) -> None:
-    """Host microseconds a call of commit (t accepted rows: its replayed graph) against what
-    it ran before its graph, ctx_features + ingest_ctx launched eagerly, beside a propose's;
-    and the device time of both commits."""
+    """Host microseconds a call of commit (t accepted rows: its replayed graph) against the
+    same rows through the two calls of the Rust API, ctx_features (eager launches) +
+    ingest_ctx (a replayed graph from a row count's second call), beside a propose's; and the
+    device time of both."""
     c = d.cfg
     with e.device, e.stream:
         taps = cp.random.standard_normal((16, c.tap_width), dtype=np.float32)
@@ -347,16 +348,16 @@ def commit_host_time(cp, e, d, kv, ctx: int, lm_bits) -> None:
         def graphed(t=t, pos=pos):
             d.commit(e, kv, taps[:t], pos, t, rollback_to=ctx)
 
-        def eager(t=t, pos=pos):
+        def two_calls(t=t, pos=pos):
             kv.len = ctx
             d.ingest_ctx(e, kv, d.ctx_features(e, taps[:t], t), pos, t)
 
-        g_us, e_us = host_us_per_call(cp, graphed), host_us_per_call(cp, eager)
+        g_us, e_us = host_us_per_call(cp, graphed), host_us_per_call(cp, two_calls)
         g_ms = timed(cp, e.stream, graphed, 50, setup=roll_back)
-        e_ms = timed(cp, e.stream, eager, 50, setup=roll_back)
+        e_ms = timed(cp, e.stream, two_calls, 50, setup=roll_back)
         print(
-            f"commit {t} row(s): host {g_us:.1f} us a call replayed, {e_us:.1f} us eager "
-            f"(ctx_features + ingest_ctx), propose {prop:.1f} us; device {g_ms:.3f} / "
+            f"commit {t} row(s): host {g_us:.1f} us a call replayed, {e_us:.1f} us as "
+            f"ctx_features + ingest_ctx, propose {prop:.1f} us; device {g_ms:.3f} / "
             f"{e_ms:.3f} ms"
         )
     roll_back()
