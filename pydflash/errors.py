@@ -51,7 +51,8 @@ class NoDeviceError(DeviceError):
 
 
 class DeviceMemoryError(DeviceError):
-    """The device cannot hold the allocation asked for (the message gives need and free)."""
+    """The device (or the page-locked host memory that stages copies to it) cannot hold the
+    allocation asked for (the message gives what was asked, and what is free where known)."""
 
 
 class UnsupportedDeviceError(DeviceError):

@@ -408,7 +408,7 @@ class Runtime:
             if isinstance(exc, cp.cuda.runtime.CUDARuntimeError) and exc.status != 2:
                 raise  # not cudaErrorMemoryAllocation: a fault, reported as one
             raise DeviceMemoryError(
-                f"staging {a.nbytes} bytes for the device: out of page-locked host memory"
+                f"staging {a.nbytes} bytes for the device: out of page-locked host memory ({exc})"
             ) from None
         np.frombuffer(mem, np.uint8, a.nbytes)[:] = a.reshape(-1).view(np.uint8)
         dst.data.copy_from_host_async(mem.ptr, a.nbytes, stream)
@@ -521,9 +521,12 @@ class Runtime:
             )
 
 
-# CuPy's CUDA errors (the driver's and the runtime's)
+# CuPy's CUDA errors (the driver's and the runtime's), and its memory pool's out-of-memory
 CUDA_ERRORS: tuple[type[BaseException], ...] = (
     (cp.cuda.driver.CUDADriverError, cp.cuda.runtime.CUDARuntimeError) if cp is not None else ()
+)
+CUDA_OOM: tuple[type[BaseException], ...] = (
+    (cp.cuda.memory.OutOfMemoryError,) if cp is not None else ()
 )
 
 

@@ -18,7 +18,9 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..device.runtime import CUDA_ERRORS
+from ..device.runtime import CUDA_ERRORS, CUDA_OOM
+
+CAPTURE_TRIES = 2  # failed captures of a key before it runs eagerly for good
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.engine import Engine
@@ -39,6 +41,7 @@ class GraphCache:
         self.enabled = enabled
         self._graphs: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
         self._seen: weakref.WeakKeyDictionary[Any, dict[tuple, int]] = weakref.WeakKeyDictionary()
+        self._failed: weakref.WeakKeyDictionary[Any, dict[tuple, int]] = weakref.WeakKeyDictionary()
 
     def run(
         self,
@@ -55,8 +58,8 @@ class GraphCache:
         (when the cache is enabled and `capture`). eager_calls: calls of a key that only run
         eagerly before the one that captures (a KV that ingests one short prompt never pays
         for a capture). A capture that fails after the eager run, whose launches did the
-        call's work, keeps no graph and does not fail the call (the key's next call tries
-        again), unless the device faulted."""
+        call's work, keeps no graph and does not fail the call, unless the device faulted: a
+        warning each time, and after CAPTURE_TRIES failures the key runs eagerly for good."""
         if not (self.enabled and capture):
             kernels()
             return
@@ -66,6 +69,9 @@ class GraphCache:
             graph.launch(e.stream)
             return
         kernels()
+        failed = self._failed.get(owner, {})
+        if failed.get(key, 0) >= CAPTURE_TRIES:
+            return
         if eager_calls:
             seen = self._seen.setdefault(owner, {})
             seen[key] = seen.get(key, 0) + 1
@@ -73,11 +79,14 @@ class GraphCache:
                 return
         try:
             graph = _capture(e, kernels)
-        except CUDA_ERRORS as exc:
+        except (*CUDA_ERRORS, *CUDA_OOM) as exc:
             e.stream.done  # noqa: B018 - a sticky fault of the eager launches raises here
+            tries = self._failed.setdefault(owner, {})
+            tries[key] = tries.get(key, 0) + 1
+            then = "from now on" if tries[key] >= CAPTURE_TRIES else "this time"
             warnings.warn(
                 f"pydflash: the CUDA graph of a {key[0]} call could not be captured ({exc}); "
-                "the call ran its launches eagerly",
+                f"the call ran its launches eagerly, and its key runs eagerly {then}",
                 RuntimeWarning,
                 stacklevel=2,
             )

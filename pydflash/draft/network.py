@@ -142,13 +142,13 @@ class DraftNetwork:
         rows, and no row is skipped)."""
         c = self.cfg
         feats = staged.feats[:t]
-        base, pos = staged.state[:1], staged.state[1 : 1 + t]
-        scatter_block_pos(e, kv.pos, base, pos, t)
         ks, stride = buf.ks_kv, buf.kv_part.shape[1] * buf.kv_part.shape[-1]
         kvs: list = [la.kv for la in self.layers]
         plan = linear.ingest_plan(e, kvs, t, buf.kv_part, ks, None, self.policy)
         # the decode linear's one chunk, as `ingest` takes for these rows (its ks and stride)
         assert plan.choice.kernel.startswith("decode") and t <= plan.chunk, (plan, t)
+        base, pos = staged.state[:1], staged.state[1 : 1 + t]
+        scatter_block_pos(e, kv.pos, base, pos, t)
         for li, layer in enumerate(self.layers):
             linear.project_rows(e, plan.choice, layer.kv, feats, t, buf.kv_part, ks, stride)
             qkv_rope.qkv_norm_rope(
