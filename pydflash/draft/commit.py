@@ -37,66 +37,64 @@ def replayable(kv: DflashKv, t: int) -> bool:
     return 0 < t <= COMMIT_GRAPH_ROWS and (not kv.ring_rows or t <= kv.ring_rows)
 
 
-def new_stage(e: Engine, cfg: DflashCfg, fc: GpuTensor) -> CommitStage:
-    """The stage of COMMIT_GRAPH_ROWS rows: taps, features, fc's split-K partials and
-    [base, positions...] (a DeviceError when the device cannot hold it)."""
-    ks = linear.k_splits(e, fc)
-    rows = COMMIT_GRAPH_ROWS
-    with e.allocating(4 * rows * (cfg.tap_width + (ks + 1) * cfg.hidden + 2), "commit"):
-        return CommitStage(
-            taps=e.empty((rows, cfg.tap_width)),
-            feats=e.empty((rows, cfg.hidden)),
-            part=e.empty(ks * rows * cfg.hidden),
-            state=e.empty(1 + rows, np.int32),
+class RowGraphs:
+    """commit's and a small ingest_ctx's replayed paths for one drafter: its network, round
+    buffers and graph cache, and the stage their graphs read (COMMIT_GRAPH_ROWS rows, made at
+    the first call: a DeviceError when the device cannot hold it, nothing changed)."""
+
+    def __init__(
+        self,
+        cfg: DflashCfg,
+        fc: GpuTensor,
+        net: DraftNetwork,
+        buf: RoundBuffers,
+        graphs: GraphCache,
+    ) -> None:
+        self.cfg, self.fc, self.net, self.buf, self.graphs = cfg, fc, net, buf, graphs
+        self._stage: CommitStage | None = None
+
+    def stage(self, e: Engine) -> CommitStage:
+        """The stage: taps, features, fc's split-K partials and [base, positions...]."""
+        if self._stage is None:
+            c, ks, rows = self.cfg, linear.k_splits(e, self.fc), COMMIT_GRAPH_ROWS
+            with e.allocating(4 * rows * (c.tap_width + (ks + 1) * c.hidden + 2), "commit"):
+                self._stage = CommitStage(
+                    taps=e.empty((rows, c.tap_width)),
+                    feats=e.empty((rows, c.hidden)),
+                    part=e.empty(ks * rows * c.hidden),
+                    state=e.empty(1 + rows, np.int32),
+                )
+        return self._stage
+
+    def commit(self, e: Engine, kv: DflashKv, x: Any, host_pos: Any, t: int, base: int) -> None:
+        """t validated rows (taps x, positions host_pos: host int32 or a device int32 [t]) at
+        row `base` (<= kv.len: a roll-back): the taps copied into the stage, [base, positions]
+        staged in one copy, the graph launched; then kv's len rolled back to base and the rows
+        committed (the same rows as ctx_features + ingest_ctx, bit for bit)."""
+        stage = self.stage(e)
+        stage.taps[:t] = x  # a device copy on the engine stream
+        _stage_positions(e, stage, host_pos, base, t)
+        # at most COMMIT_GRAPH_ROWS graphs a KV (one per row count)
+        net, buf = self.net, self.buf
+        self.graphs.run(e, kv, ("commit", t), lambda: net.commit_rows(e, kv, t, stage, buf))
+        if base != kv.len:
+            kv.len = base
+        _committed(kv, host_pos, base, t)
+
+    def ingest(self, e: Engine, kv: DflashKv, feats: Any, host_pos: Any, t: int) -> None:
+        """ingest_ctx's t validated rows (features [t, hidden] f32 on the device, positions as
+        in `commit`) at kv.len: the features copied into the stage, [len, positions] staged in
+        one copy, the graph launched, the rows committed (the eager ingest's rows, bit for
+        bit). The graph is captured at a key's second call: a KV that ingests one short prompt
+        runs it eagerly."""
+        stage, base = self.stage(e), kv.len
+        stage.feats[:t] = feats  # a device copy on the engine stream
+        _stage_positions(e, stage, host_pos, base, t)
+        net, buf = self.net, self.buf
+        self.graphs.run(
+            e, kv, ("ingest", t), lambda: net.ingest_rows(e, kv, t, stage, buf), eager_calls=1
         )
-
-
-def replay(
-    e: Engine,
-    net: DraftNetwork,
-    graphs: GraphCache,
-    buf: RoundBuffers,
-    kv: DflashKv,
-    stage: CommitStage,
-    x: Any,
-    host_pos: Any,
-    t: int,
-    base: int,
-) -> None:
-    """t validated rows (taps x, positions host_pos: host int32 or a device int32 [t]) at row
-    `base` (<= kv.len: a roll-back): the taps copied into the stage, [base, positions] staged
-    in one copy, the graph launched; then kv's len rolled back to base and the rows committed
-    (the same rows as ctx_features + ingest_ctx, bit for bit)."""
-    stage.taps[:t] = x  # a device copy on the engine stream
-    _stage_positions(e, stage, host_pos, base, t)
-    # at most COMMIT_GRAPH_ROWS graphs a KV (one per row count)
-    graphs.run(e, kv, ("commit", t), lambda: net.commit_rows(e, kv, t, stage, buf))
-    if base != kv.len:
-        kv.len = base
-    _committed(kv, host_pos, base, t)
-
-
-def replay_ingest(
-    e: Engine,
-    net: DraftNetwork,
-    graphs: GraphCache,
-    buf: RoundBuffers,
-    kv: DflashKv,
-    stage: CommitStage,
-    feats: Any,
-    host_pos: Any,
-    t: int,
-) -> None:
-    """ingest_ctx's t validated rows (features [t, hidden] f32 on the device, positions as in
-    `replay`) at kv.len through one captured graph per (kv, t): the features copied into the
-    stage, [len, positions] staged in one copy, the graph launched, the rows committed (the
-    same rows as the eager ingest, bit for bit)."""
-    base = kv.len
-    stage.feats[:t] = feats  # a device copy on the engine stream
-    _stage_positions(e, stage, host_pos, base, t)
-    # captured at a key's second call: a KV that ingests one short prompt runs it eagerly
-    graphs.run(e, kv, ("ingest", t), lambda: net.ingest_rows(e, kv, t, stage, buf), eager_calls=1)
-    _committed(kv, host_pos, base, t)
+        _committed(kv, host_pos, base, t)
 
 
 def _stage_positions(e: Engine, stage: CommitStage, host_pos: Any, base: int, t: int) -> None:

@@ -50,7 +50,7 @@ from ..ops import attention, elementwise
 from . import commit as commit_graph
 from .batch_kv import MAX_BATCH, DflashBatchKv, bucket
 from .batch_round import PoolRounds
-from .buffers import CommitStage, RoundBuffers
+from .buffers import RoundBuffers
 from .graphs import GraphCache, array_identity
 from .kv import DflashKv, positions_ringable
 from .network import DraftNetwork
@@ -118,7 +118,8 @@ class DflashDraft:
         # replay rounds, proposals, commits and batched rounds as captured graphs
         self.cuda_graphs = cuda_graphs
         self._graphs = GraphCache(cuda_graphs)
-        self._commit: CommitStage | None = None  # commit's staging, made on first use
+        # commit's and a small ingest_ctx's graphs and their stage (made at the first call)
+        self._rows = commit_graph.RowGraphs(cfg, fc, self.net, self._buf, self._graphs)
         # batched rounds: per DflashBatchKv its buffers
         self._batch_rounds: weakref.WeakKeyDictionary[DflashBatchKv, PoolRounds] = (
             weakref.WeakKeyDictionary()
@@ -242,17 +243,11 @@ class DflashDraft:
         start = kv.len
         if graph and commit_graph.replayable(kv, t):
             host_pos = kv.check_positions_arg(e, pos, t, "pos_new", start)
-            g, stage = self._graphs, self._commit_stage(e)
-            commit_graph.replay_ingest(e, self.net, g, self._buf, kv, stage, f, host_pos, t)
+            self._rows.ingest(e, kv, f, host_pos, t)
             return
         kv.write_positions(e, pos, start, t, "pos_new")  # validates, then writes
         self.net.ingest(e, kv, f, start, t, self._buf)
         kv.commit(t)
-
-    def _commit_stage(self, e: Engine) -> CommitStage:
-        if self._commit is None:  # allocated once (a failure changes nothing)
-            self._commit = commit_graph.new_stage(e, self.cfg, self.fc)
-        return self._commit
 
     def forward_round(
         self,
@@ -545,8 +540,7 @@ class DflashDraft:
             # positions' host staging), then the device writes at row base, then kv's
             # bookkeeping (len rolled back only now): a failed call leaves kv as it was
             if self.cuda_graphs and commit_graph.replayable(kv, t):
-                g, stage = self._graphs, self._commit_stage(e)
-                commit_graph.replay(e, self.net, g, self._buf, kv, stage, x, host_pos, t, base)
+                self._rows.commit(e, kv, x, host_pos, t, base)
                 return
             if t:
                 feats = self.ctx_features(e, x, t)
