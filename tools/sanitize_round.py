@@ -93,7 +93,8 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
     feats = d.ctx_features(e, cp.asarray(taps[:ctx]), ctx)
     kv = d.new_kv(e, ctx + 2 * b + 3)
     d.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
-    ref_feats = ref.ctx_features(taps[:ctx], ctx)
+    needs_ref = {"round", "commit", "batch"} & set(parts)  # propose alone compares no rows
+    ref_feats: Any = ref.ctx_features(taps[:ctx], ctx) if needs_ref else None
 
     def ref_kv(n: int = ctx) -> ReferenceKv:  # the reference's KV holding the first n ctx rows
         rkv = ReferenceKv(c, ctx + 2 * b + 3, np.float64, d.kv_dtype)
