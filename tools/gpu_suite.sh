@@ -29,7 +29,7 @@
 #          tiny, tiny-swa, tiny-dspark and tiny-dflash2 in every precision, and qwen3-8b-b16 (memcheck
 #          in every precision, a job each; initcheck and synccheck in bf16, a job per part;
 #          racecheck the same over one layer of its geometry),
-#          SANITIZE_PARALLEL (10) jobs at once
+#          SANITIZE_PARALLEL (10) jobs at once; SANITIZE_ONLY=REGEX only the jobs it names
 # profile: Nsight Compute's per-kernel time and DRAM bytes of one call (tools/profile_round.py)
 #          for each kernel's distance to its bytes, and the stall reasons of the attention partial, the q4_0
 #          decode linear and the quantized ingest tile
@@ -167,8 +167,14 @@ if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
   # with one layer (the same kernels and launch shapes a layer; propose's lm_head as is)
   [ -f "$CKPT/qwen3-8b-b16-L1/config.json" ] || python3 tools/make_checkpoint.py "$CKPT/qwen3-8b-b16-L1" \
     --preset qwen3-8b-b16 --seed 1 --override n_layer=1 > "$OUT/make_checkpoint_qwen3-8b-b16-L1.log" 2>&1
-  for part in round propose commit batch; do
+  for part in round propose commit; do
     echo "racecheck_qwen3-8b-b16-L1_$part racecheck qwen3-8b-b16-L1 64 --precision bf16 --parts $part" >> "$OUT/sanitize_jobs.txt"
+  done
+  # the batched part's two modes apart (its exact rounds alone outlast a 10-minute call among
+  # the other jobs), over 24 ctx rows: the batched round's linears are launched the same
+  # whatever the ctx length, and its attention's ctx chunks are covered by the round part
+  for act in f32 bf16; do
+    echo "racecheck_qwen3-8b-b16-L1_batch_$act racecheck qwen3-8b-b16-L1 24 --precision bf16 --parts batch --batch-activations $act" >> "$OUT/sanitize_jobs.txt"
   done
   for tool in initcheck synccheck; do
     for part in round propose commit batch; do
@@ -183,11 +189,13 @@ if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
       || echo "FAILED: sanitize_$name" >> "$OUT/failed.log"
   }
   export -f sanitize_job; export OUT CKPT
+  # SANITIZE_ONLY (an extended regex over the job names) runs some of them again
+  grep -E "^[^ ]*(${SANITIZE_ONLY:-.})" "$OUT/sanitize_jobs.txt" > "$OUT/sanitize_jobs_run.txt"
   # beside them, memcheck over the GPU tests of the kernels one by one (their own geometries)
-  (compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -x -p no:cacheprovider \
+  echo memcheck_engine_tests | grep -q -E "${SANITIZE_ONLY:-.}" && (compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -x -p no:cacheprovider \
     tests/device/test_engine_gpu.py > "$OUT/sanitize_memcheck_engine_tests.log" 2>&1 \
     || echo "FAILED: sanitize_memcheck_engine_tests" >> "$OUT/failed.log") &
-  xargs -a "$OUT/sanitize_jobs.txt" -d '\n' -P "${SANITIZE_PARALLEL:-10}" -I{} bash -c 'sanitize_job "{}"'
+  xargs -a "$OUT/sanitize_jobs_run.txt" -d '\n' -P "${SANITIZE_PARALLEL:-10}" -I{} bash -c 'sanitize_job "{}"'
   wait
   [ -f "$OUT/failed.log" ] && status=1
   grep -H -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize_round:| passed" "$OUT"/sanitize_*.log

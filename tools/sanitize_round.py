@@ -5,7 +5,8 @@ captured and replayed), forward_block, propose (greedy and sampled, replayed), c
 checked against the NumPy reference so a run that "passes" the sanitizer also computed the
 right thing (propose is run and its tokens printed: the GPU tests compare them). `--parts
 round propose commit batch` picks some of them (round, propose and commit share one KV
-ingested first; batch builds its own pool), so slow tools can run the parts apart.
+ingested first; batch builds its own pool), and `--batch-activations f32` or `bf16` one of the
+batched modes, so slow tools can run the parts apart.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 \\
         python3 tools/sanitize_round.py --ckpt DIR --precision bf16 q8_0 --ctx 300
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +68,16 @@ def draft_tables(c: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarr
 
 
 PARTS = ("round", "propose", "commit", "batch")  # run apart or together
+BATCH_ACTIVATIONS = ("f32", "bf16")  # the batched part's modes, also run apart for slow tools
 
 
-def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) -> list[str]:
+def check(
+    precision: str,
+    ckpt: Path,
+    ctx: int,
+    parts: tuple[str, ...] = PARTS,
+    batch_activations: tuple[str, ...] = BATCH_ACTIVATIONS,
+) -> list[str]:
     import cupy as cp
 
     from pydflash import DflashDraft, Engine
@@ -89,10 +98,17 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
         if not err < bound:
             bad.append(f"{precision} {name}: rel {err:.2e} >= {bound:g}")
 
+    start = time.monotonic()
+
+    def say(step: str) -> None:  # progress on stderr, timed (a sanitizer run takes minutes)
+        print(f"[{time.monotonic() - start:7.1f} s] {precision} {step}", file=sys.stderr, flush=True)
+
     tables = draft_tables(c, rng)  # drawn whatever the parts: the same inputs either way
     feats = d.ctx_features(e, cp.asarray(taps[:ctx]), ctx)
     kv = d.new_kv(e, ctx + 2 * b + 3)
     d.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
+    e.synchronize()
+    say(f"ctx_features + ingest_ctx of {ctx} rows done")
     needs_ref = {"round", "commit", "batch"} & set(parts)  # propose alone compares no rows
     ref_feats: Any = ref.ctx_features(taps[:ctx], ctx) if needs_ref else None
 
@@ -140,6 +156,7 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
         )
     if "batch" not in parts:
         e.synchronize()
+        say("done")
         return bad
     pool = d.new_batch_kv(e, 3, ctx + 2 * b)
     slots = [pool.add() for _ in range(3)]
@@ -155,9 +172,11 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
     )
     blocks = np.stack([np.arange(n, n + b) for n in counts])
     noises = cp.asarray(np.stack([noise] * 3))
-    for activations in ("f32", "bf16"):
-        for _ in range(2):  # captured, then replayed
+    for activations in batch_activations:
+        for call in range(2):  # captured, then replayed
             out = d.forward_round_batch(e, pool, slots, noises, blocks, activations=activations)
+            e.synchronize()  # the time stamp says how far a slow tool got
+            say(f"batch {activations} call {call + 1} done")
         # the single round over the same slot's KV: the pool's features came from one
         # ctx_features over all three sequences' stacked taps, whose row count may pick another
         # kernel than one sequence's (the dispatch table's GEMM crossover), so a KV ingested
@@ -170,6 +189,7 @@ def check(precision: str, ckpt: Path, ctx: int, parts: tuple[str, ...] = PARTS) 
             want = ref.forward_round(ref_kv(counts[1]), noise, blocks[1])
             expect("batch f32 vs reference", out[1], want)
     e.synchronize()
+    say("done")
     return bad
 
 
@@ -185,11 +205,19 @@ def main(argv: list[str] | None = None) -> int:
         choices=PARTS,
         help="which calls to check (default all; separate jobs can check parts in parallel)",
     )
+    ap.add_argument(
+        "--batch-activations",
+        nargs="+",
+        default=list(BATCH_ACTIVATIONS),
+        choices=BATCH_ACTIVATIONS,
+        help="the batched part's activation modes (default both; racecheck runs them apart)",
+    )
     args = ap.parse_args(argv)
     if not 10 <= args.ctx <= 1 << 16:  # the batched part ingests ctx - 9 rows
         ap.error(f"--ctx must be in [10, {1 << 16}], found {args.ctx}")
     parts = tuple(args.parts)
-    bad = [line for p in args.precision for line in check(p, args.ckpt, args.ctx, parts)]
+    modes = tuple(args.batch_activations)
+    bad = [line for p in args.precision for line in check(p, args.ckpt, args.ctx, parts, modes)]
     for line in bad:
         print(f"DIFFERS: {line}", file=sys.stderr)
     print(
