@@ -29,7 +29,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model.config import DflashCfg
 
 INT32_MAX = np.iinfo(np.int32).max
-_F32 = np.finfo(np.float32)
+# float32's limits as Python floats: a compare against NumPy's float32 scalars casts the other
+# side to float32 and warns of an overflow for a huge argument the check is about to refuse
+F32_MAX = float(np.finfo(np.float32).max)
+F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 class _FromConfig:
@@ -57,7 +60,7 @@ def draft_scales(
     if output_multiplier is FROM_CONFIG:
         return cap, float(cfg.logit_multiplier)
     mult = _real(output_multiplier, "output_multiplier")
-    if not 0 < mult <= _F32.max:
+    if not 0 < mult <= F32_MAX:
         raise ShapeError(
             f"output_multiplier must be a finite number > 0, found {brief(output_multiplier)}"
         )
@@ -69,7 +72,7 @@ def embed_scale(cfg: DflashCfg, value: Any) -> float:
     if value is FROM_CONFIG:
         return float(cfg.input_embedding_scale)
     v = _real(value, "embed_scale")
-    if abs(v) > _F32.max:
+    if abs(v) > F32_MAX:
         raise ShapeError(f"embed_scale must be a finite float32, found {brief(value)}")
     return v
 
@@ -242,7 +245,7 @@ def logit_softcap(value: Any, name: str = "logit_softcap") -> float | None:
     if value is None:
         return None
     c = _real(value, name)
-    if not _F32.tiny <= c <= _F32.max:
+    if not F32_TINY <= c <= F32_MAX:
         raise ShapeError(
             f"{name} must be a finite number > 0 (a float32 normal), found {brief(value)}"
         )
@@ -273,7 +276,7 @@ def threshold(value: Any, name: str = "threshold") -> float:
         t = float(value)
     except OverflowError:  # an int past float64
         t = math.inf
-    if not abs(t) <= float(_F32.max):  # a Python float: NumPy's float32 compare would warn
+    if not abs(t) <= F32_MAX:
         raise ArgumentError(f"{name} must be finite (in float32), found {brief(value)}")
     return t
 

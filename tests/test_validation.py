@@ -1,6 +1,8 @@
 """Argument validation of the GPU API that happens before any device work: checked here on the
 CPU (the GPU suite checks the rest on the device, including that state is left intact)."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -163,3 +165,35 @@ def test_all_finite_names_the_first_non_finite_value(dtype):
         a[3, 2], a[4, 5] = bad, bad
         with pytest.raises(ShapeError, match=r"a: holds a non-finite value \(first at \[3, 2\]\)"):
             checks.all_finite(a, "a")
+
+
+@pytest.mark.parametrize("huge", [1e39, 1e300, -1e300])
+def test_float32_bounds_refuse_huge_numbers_without_an_overflow_warning(huge):
+    # the bounds are Python floats: a compare against NumPy's float32 max cast the argument to
+    # float32 first and warned of an overflow on the way to refusing it
+    from pydflash.checks import FROM_CONFIG, draft_scales, embed_scale, logit_softcap
+
+    cfg = DflashCfg.from_dict(
+        {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "rope_theta": 10000.0,
+            "block_size": 8,
+            "vocab_size": 256,
+            "mask_token_id": 255,
+            "target_layer_ids": [1, 3],
+        }
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ShapeError, match="logit_softcap"):
+            logit_softcap(huge)
+        with pytest.raises(ShapeError, match="output_multiplier"):
+            draft_scales(cfg, FROM_CONFIG, huge)
+        with pytest.raises(ShapeError, match="embed_scale"):
+            embed_scale(cfg, huge)
+        assert logit_softcap(30.0) == 30.0 and embed_scale(cfg, -2.5) == -2.5
