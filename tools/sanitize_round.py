@@ -101,7 +101,9 @@ def check(
     start = time.monotonic()
 
     def say(step: str) -> None:  # progress on stderr, timed (a sanitizer run takes minutes)
-        print(f"[{time.monotonic() - start:7.1f} s] {precision} {step}", file=sys.stderr, flush=True)
+        print(
+            f"[{time.monotonic() - start:7.1f} s] {precision} {step}", file=sys.stderr, flush=True
+        )
 
     tables = draft_tables(c, rng)  # drawn whatever the parts: the same inputs either way
     feats = d.ctx_features(e, cp.asarray(taps[:ctx]), ctx)
