@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from . import philox
-from .errors import ArgumentError, CapacityError, ShapeError
+from .errors import ArgumentError, CapacityError, ShapeError, WrongDeviceError
 from .io.jsonio import brief
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -379,9 +379,13 @@ def kv_len(value: Any, current: int) -> int:
 
 def same_engine(e: Any, device: int, stream_ptr: int) -> None:
     """The engine a drafter was loaded with (its buffers are ordered on that stream)."""
-    if e.ordinal != device or e.stream.ptr != stream_ptr:
+    if e.ordinal != device:
+        raise WrongDeviceError(
+            f"e: an engine on device {e.ordinal}, this drafter was loaded on device {device}"
+        )
+    if e.stream.ptr != stream_ptr:
         raise ShapeError(
-            "e: not the engine (device and stream) this drafter was loaded "
+            "e: not the engine (its stream) this drafter was loaded "
             "with; its buffers are ordered on that engine's stream"
         )
 
@@ -398,8 +402,10 @@ def kv_usable(
     if getattr(kv, "retired", False):
         raise ShapeError(f"{name}: a slot removed from its DflashBatchKv (add() a new one)")
     kv_matches(kv.cfg, cfg, name)
-    if kv.device != device or kv.stream_ptr != stream_ptr:
-        raise ShapeError(f"{name}: made by another engine (device or stream) than this drafter's")
+    if kv.device != device:
+        raise WrongDeviceError(f"{name}: lives on device {kv.device}, engine uses device {device}")
+    if kv.stream_ptr != stream_ptr:
+        raise ShapeError(f"{name}: made by another engine (its stream) than this drafter's")
 
 
 def kv_matches(kv_cfg: DflashCfg, cfg: DflashCfg, name: str = "kv") -> None:

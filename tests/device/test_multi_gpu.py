@@ -1,7 +1,9 @@
 """Several devices in one process: a drafter per device drafting concurrently from its own
-thread equals each run alone; an input on another device is a WrongDeviceError naming it; the
-tensor-parallel example on every device (on one GPU: two ranks on device 0, the same code).
-The two-device tests skip with their reason on a machine with fewer than two CUDA devices."""
+thread equals each run alone; every entry point on the second device, called while the first
+is current, allocates nothing on the first and equals the same calls on the first bit for bit;
+an input on another device is a WrongDeviceError naming it; the tensor-parallel example on every
+device (on one GPU: two ranks on device 0, the same code). The two-device tests skip with their
+reason on a machine with fewer than two CUDA devices."""
 
 import importlib.util
 import threading
@@ -15,6 +17,7 @@ cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 from pydflash.device.runtime import cuda_available  # noqa: E402
 from pydflash.errors import WrongDeviceError  # noqa: E402
 from pydflash.testing import random_inputs  # noqa: E402
+from tools.sanitize_round import draft_tables  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +71,124 @@ def test_a_drafter_per_device_concurrently_equals_each_alone(preset_checkpoint):
     for k in (0, 1):
         for x, y in zip(alone[k][0], both[k][0]):
             np.testing.assert_array_equal(x, y)
+
+
+def every_call(ordinal, ckpt, ctx=40):
+    """Every kind of entry point once on Engine(ordinal) (round eager, captured, replayed;
+    propose greedy and sampled, replayed; draft; commit; the batched calls in both activation
+    modes), called while device 0 is current, each input made on the engine's device: the
+    results on the host, and the device each result lived on."""
+    from pydflash import DflashDraft, Engine
+
+    e = Engine(ordinal)
+    d = DflashDraft.load(e, ckpt, "bf16", progress=None)
+    c, b = d.cfg, d.cfg.block_size
+    rng = np.random.default_rng(3)
+    taps, noise, pos = random_inputs(c, ctx + 8, rng)
+    table, lm, last = draft_tables(c, rng)
+
+    def on(x):  # the caller's input, made on the engine's device
+        with cp.cuda.Device(ordinal):
+            return cp.asarray(x)
+
+    out = {}
+    with cp.cuda.Device(0):  # the caller's current device is 0 whatever the engine's
+        feats = d.ctx_features(e, on(taps[:ctx]), ctx)
+        out["ctx_features"] = feats
+        kv = d.new_kv(e, ctx + 4 * b)
+        d.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
+        for i in range(3):  # eager, captured, replayed
+            out[f"forward_round {i}"] = d.forward_round(e, kv, on(noise), np.arange(ctx, ctx + b))
+        out["forward_block"] = d.forward_block(e, feats, on(noise), pos[: ctx + b], ctx)
+        embed, lm_head = on(table), on(lm)
+        d.set_rng(e, 11)
+        for temperature in (0.0, 0.8):
+            for i in range(3):
+                p = d.propose(e, kv, last, ctx, embed, lm_head, temperature=temperature)
+                out[f"propose T={temperature} {i}"] = p.tokens
+        hidden = out["forward_round 0"]
+        out["draft"] = d.draft(e, hidden, lm_head, last, temperature=0.8).tokens
+        d.commit(e, kv, on(taps[ctx : ctx + 2]), pos[ctx : ctx + 2], 2)
+        after = np.arange(ctx + 2, ctx + 2 + b)
+        out["forward_round after commit"] = d.forward_round(e, kv, on(noise), after)
+        pool = d.new_batch_kv(e, 2, ctx + 4 * b)
+        slots = [pool.add(), pool.add()]
+        counts = [ctx, ctx - 5]
+        stacked = np.concatenate([taps[:n] for n in counts])
+        d.ingest_batch(
+            e,
+            pool,
+            slots,
+            d.ctx_features(e, on(stacked), len(stacked)),
+            np.concatenate([pos[:n] for n in counts]),
+            counts,
+        )
+        blocks = np.stack([np.arange(n, n + b) for n in counts])
+        noises = on(np.stack([noise] * 2))
+        for act in ("f32", "bf16"):
+            for i in range(2):  # captured, replayed
+                h = d.forward_round_batch(e, pool, slots, noises, blocks, activations=act)
+                out[f"forward_round_batch {act} {i}"] = h
+        drafts = d.draft_batch(e, out["forward_round_batch f32 0"], lm_head, [last, last])
+        for i, p in enumerate(drafts):
+            out[f"draft_batch {i}"] = p.tokens
+        new = np.concatenate([taps[ctx : ctx + 1], taps[ctx - 5 : ctx - 4]])
+        d.commit_batch(e, pool, slots, on(new), [ctx, ctx - 5], [1, 1])
+        out["forward_round_batch after commit"] = d.forward_round_batch(
+            e, pool, slots, noises, blocks + 1
+        )
+        e.synchronize()
+        where = {k: v.device.id for k, v in out.items()}
+        return {k: cp.asnumpy(v) for k, v in out.items()}, where
+
+
+def device0_bytes():
+    """What device 0 holds: CuPy's pool there (used) and the driver's free memory."""
+    with cp.cuda.Device(0):
+        cp.cuda.Device(0).synchronize()
+        return cp.get_default_memory_pool().used_bytes(), cp.cuda.runtime.memGetInfo()[0]
+
+
+@two
+def test_every_entry_point_on_the_second_device_with_the_first_current(preset_checkpoint):
+    ckpt = preset_checkpoint("tiny")
+    used0, free0 = device0_bytes()
+    got, where = every_call(1, ckpt)
+    used1, free1 = device0_bytes()
+    assert set(where.values()) == {1}, where  # every result on its engine's device
+    # nothing of engine 1's (buffers, graphs, the kernel modules, staging) landed on device 0;
+    # the driver's free memory may move by a page of its own bookkeeping
+    assert used1 == used0
+    assert abs(free1 - free0) <= 2 << 20, (free0, free1)
+    want, where0 = every_call(0, ckpt)
+    assert set(where0.values()) == {0}, where0
+    assert got.keys() == want.keys()
+    for k in want:  # the same weights and inputs on the same GPU model: bit for bit
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+@two
+def test_engines_on_two_devices_keep_their_own_facts_buffers_and_caches(preset_checkpoint):
+    from pydflash import DflashDraft, Engine
+
+    engines = [Engine(0), Engine(1)]
+    ckpt = preset_checkpoint("tiny")
+    drafters = [DflashDraft.load(e, ckpt, "bf16", progress=None) for e in engines]
+    kvs = [d.new_kv(e, 64) for e, d in zip(engines, drafters)]
+    for k, (e, kv) in enumerate(zip(engines, kvs)):
+        props = cp.cuda.runtime.getDeviceProperties(k)
+        assert e.ordinal == k and e.device.id == k
+        assert e.sm_count == props["multiProcessorCount"]  # each engine's own capabilities
+        assert {a.device.id for a in [*kv.k, *kv.v, kv.pos, kv.round_state]} == {k}
+    b = drafters[1].cfg.block_size
+    with cp.cuda.Device(1):
+        noise = cp.ones((b, drafters[1].cfg.hidden), np.float32)
+    # the other device's KV and engine are refused by name before anything is queued
+    with pytest.raises(WrongDeviceError, match="kv: lives on device 0, engine uses device 1"):
+        drafters[1].forward_round(engines[1], kvs[0], noise, np.arange(b))
+    with pytest.raises(WrongDeviceError, match="e: an engine on device 0"):
+        drafters[1].forward_round(engines[0], kvs[1], noise, np.arange(b))
+    assert kvs[0].len == 0 and kvs[1].len == 0
 
 
 @two

@@ -50,15 +50,16 @@ def test_a_retired_slot_and_another_engine_are_refused(tmp_path):
 
     from pydflash import Checkpoint, checks
     from pydflash.draft.kv import DflashKv
-    from pydflash.errors import ShapeError
+    from pydflash.errors import ShapeError, WrongDeviceError
 
     cfg = Checkpoint.open(make_checkpoint(tmp_path / "c", "tiny", seed=4)).cfg
     kv = DflashKv.__new__(DflashKv)  # the bookkeeping of a slot view, no device arrays
     kv.cfg, kv.device, kv.stream_ptr = cfg, 0, 1234
     checks.kv_usable(kv, cfg, 0, 1234, DflashKv)
-    for device, stream in ((1, 1234), (0, 99)):
-        with pytest.raises(ShapeError, match="another engine"):
-            checks.kv_usable(kv, cfg, device, stream, DflashKv)
+    with pytest.raises(WrongDeviceError, match="kv: lives on device 0, engine uses device 1"):
+        checks.kv_usable(kv, cfg, 1, 1234, DflashKv)
+    with pytest.raises(ShapeError, match="another engine"):
+        checks.kv_usable(kv, cfg, 0, 99, DflashKv)
     kv.retired = True  # DflashBatchKv.remove does this
     with pytest.raises(ShapeError, match="removed from its DflashBatchKv"):
         checks.kv_usable(kv, cfg, 0, 1234, DflashKv)
@@ -66,6 +67,10 @@ def test_a_retired_slot_and_another_engine_are_refused(tmp_path):
     checks.same_engine(e, 0, 1234)
     with pytest.raises(ShapeError, match="not the engine"):
         checks.same_engine(e, 0, 5678)
+    with pytest.raises(
+        WrongDeviceError, match="e: an engine on device 0, this drafter was loaded on device 1"
+    ):
+        checks.same_engine(e, 1, 1234)
 
 
 def test_a_kv_argument_that_is_not_a_dflashkv_is_refused_before_it_is_read(tmp_path):
