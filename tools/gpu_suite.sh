@@ -21,7 +21,8 @@
 # tables:  every table of docs/performance.md's figures, in one call: both presets, every
 #          precision at ctx 4096 (with propose) and 131072, batch 1 / 16 / 64 (exact and bf16
 #          activations; q8_0 / q4_0 too), the peer beside each, and bf16 with its round-only
-#          weights tiled (--no-batched-bf16-gemm) beside row-major
+#          weights tiled (--no-batched-bf16-gemm) beside row-major; TABLES_PRESETS and
+#          TABLES_ONLY pick some of them
 # fuzz:    the GPU API fuzz (FUZZ_EXAMPLES a target, 250): light enough to run beside `tests`
 # soak:    tools/soak.py --churn (SOAK_ROUNDS, 100000) alone, for its memory and time figures
 # sanitize: compute-sanitizer's memcheck, racecheck, initcheck and synccheck over
@@ -141,13 +142,16 @@ if [ "$PART" = soak ]; then   # the churn soak, alone on the device (its memory 
   run soak_churn python3 tools/soak.py --churn --preset tiny --rounds "${SOAK_ROUNDS:-100000}"
 fi
 if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer beside each
-  for ck in qwen3-8b-b16 gemma4-31b; do
-    run "tables_${ck}_4096" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --rounds 200 --propose --peer
-    run "tables_${ck}_131072" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 --ctx 131072 --rounds 30 --peer
-    run "tables_${ck}_batch" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --batch 1 16 64 --activations f32 bf16 --rounds 30 --peer
-    run "tables_${ck}_batch_quant" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 f32 --rounds 30
+  # TABLES_PRESETS (both) and TABLES_ONLY (an extended regex over 4096, 131072, batch,
+  # batch_quant, decode_bf16) split the part over device calls when it does not fit one
+  want() { echo "$1" | grep -q -x -E "${TABLES_ONLY:-.*}"; }
+  for ck in ${TABLES_PRESETS:-qwen3-8b-b16 gemma4-31b}; do
+    want 4096 && run "tables_${ck}_4096" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --rounds 200 --propose --peer
+    want 131072 && run "tables_${ck}_131072" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 --ctx 131072 --rounds 30 --peer
+    want batch && run "tables_${ck}_batch" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --batch 1 16 64 --activations f32 bf16 --rounds 30 --peer
+    want batch_quant && run "tables_${ck}_batch_quant" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 f32 --rounds 30
+    want decode_bf16 && run "tables_${ck}_decode_bf16" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --rounds 200 --row-major --no-batched-bf16-gemm
   done
-  run tables_qwen_decode_bf16 python3 tools/bench_round.py --ckpt "$CKPT/qwen3-8b-b16" --precision bf16 --ctx 4096 --rounds 200 --row-major --no-batched-bf16-gemm
 fi
 if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
   # one job a line: log name, tool, checkpoint, ctx, then sanitize_round's own arguments;
