@@ -356,10 +356,10 @@ class Runtime:
         """Device bytes an allocation may still get: free on the device plus what CuPy's pool
         holds unused (and no more than the pool's limit allows)."""
         pool = cp.get_default_memory_pool()
-        with self.device:
+        with self.device:  # the pool's figures are the current device's: the engine's
             free = cp.cuda.runtime.memGetInfo()[0] + pool.free_bytes()
-            limit = pool.get_limit()
-        return min(free, limit - pool.used_bytes()) if limit else free
+            limit, used = pool.get_limit(), pool.used_bytes()
+        return min(free, limit - used) if limit else free
 
     @contextlib.contextmanager
     def allocating(self, nbytes: int, what: str) -> Iterator[None]:

@@ -57,27 +57,35 @@ def test_a_drafter_per_device_concurrently_equals_each_alone(preset_checkpoint):
     ckpt = preset_checkpoint("medium", seed=5)
     alone = [rounds_on(k, ckpt, 30) for k in (0, 1)]
     assert [dev for _, dev in alone] == [0, 1]  # every result on its engine's device
-    np.testing.assert_array_equal(alone[0][0][0], alone[1][0][0])  # same weights, same inputs
+    if same_gpu_model():  # same weights, same inputs, same kernel plans
+        np.testing.assert_array_equal(alone[0][0][0], alone[1][0][0])
     both: list = [None, None]
+    errors: list = []
 
     def run(k):
-        both[k] = rounds_on(k, ckpt, 30)
+        try:
+            both[k] = rounds_on(k, ckpt, 30)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=300)
+    assert not errors, errors
+    assert all(not t.is_alive() for t in threads), "a thread hung"
     for k in (0, 1):
         for x, y in zip(alone[k][0], both[k][0]):
             np.testing.assert_array_equal(x, y)
 
 
 def every_call(ordinal, ckpt, ctx=40):
-    """Every kind of entry point once on Engine(ordinal) (round eager, captured, replayed;
-    propose greedy and sampled, replayed; draft; commit; the batched calls in both activation
-    modes), called while device 0 is current, each input made on the engine's device: the
-    results on the host, and the device each result lived on."""
+    """Every kind of entry point on Engine(ordinal) (forward_round's first call, eager and
+    captured, then replays; propose greedy and sampled, one graph: replays after the first;
+    draft; commit; the batched calls in both activation modes, replayed), called while device 0
+    is current, each input made on the engine's device: the results on the host, and the
+    device each result lived on."""
     from pydflash import DflashDraft, Engine
 
     e = Engine(ordinal)
@@ -97,7 +105,7 @@ def every_call(ordinal, ckpt, ctx=40):
         out["ctx_features"] = feats
         kv = d.new_kv(e, ctx + 4 * b)
         d.ingest_ctx(e, kv, feats, pos[:ctx], ctx)
-        for i in range(3):  # eager, captured, replayed
+        for i in range(3):  # eager and captured, replayed, replayed
             out[f"forward_round {i}"] = d.forward_round(e, kv, on(noise), np.arange(ctx, ctx + b))
         out["forward_block"] = d.forward_block(e, feats, on(noise), pos[: ctx + b], ctx)
         embed, lm_head = on(table), on(lm)
@@ -126,7 +134,7 @@ def every_call(ordinal, ckpt, ctx=40):
         blocks = np.stack([np.arange(n, n + b) for n in counts])
         noises = on(np.stack([noise] * 2))
         for act in ("f32", "bf16"):
-            for i in range(2):  # captured, replayed
+            for i in range(2):  # eager and captured, replayed
                 h = d.forward_round_batch(e, pool, slots, noises, blocks, activations=act)
                 out[f"forward_round_batch {act} {i}"] = h
         drafts = d.draft_batch(e, out["forward_round_batch f32 0"], lm_head, [last, last])
@@ -142,53 +150,80 @@ def every_call(ordinal, ckpt, ctx=40):
         return {k: cp.asnumpy(v) for k, v in out.items()}, where
 
 
-def device0_bytes():
-    """What device 0 holds: CuPy's pool there (used) and the driver's free memory."""
-    with cp.cuda.Device(0):
-        cp.cuda.Device(0).synchronize()
-        return cp.get_default_memory_pool().used_bytes(), cp.cuda.runtime.memGetInfo()[0]
+class DeviceMallocs(cp.cuda.MemoryHook):
+    """The device of every CuPy allocation made in this thread while installed: from the
+    pool's cache or from the device (a temporary freed before the call returns counts too)."""
+
+    name = "DeviceMallocs"
+
+    def __init__(self):
+        self.devices = set()
+
+    def malloc_preprocess(self, **kw):
+        self.devices.add(kw["device_id"])
+
+    def alloc_preprocess(self, **kw):
+        self.devices.add(kw["device_id"])
+
+
+def same_gpu_model():
+    from pydflash import Engine
+
+    return Engine(0).caps == Engine(1).caps  # kernel plans follow the caps: equal bits need it
 
 
 @two
 def test_every_entry_point_on_the_second_device_with_the_first_current(preset_checkpoint):
     ckpt = preset_checkpoint("tiny")
-    used0, free0 = device0_bytes()
-    got, where = every_call(1, ckpt)
-    used1, free1 = device0_bytes()
+    mallocs = DeviceMallocs()
+    with mallocs:
+        got, where = every_call(1, ckpt)
     assert set(where.values()) == {1}, where  # every result on its engine's device
-    # nothing of engine 1's (buffers, graphs, the kernel modules, staging) landed on device 0;
-    # the driver's free memory may move by a page of its own bookkeeping
-    assert used1 == used0
-    assert abs(free1 - free0) <= 2 << 20, (free0, free1)
+    # nothing of engine 1's (buffers, graphs, the kernel modules, staging, temporaries) was
+    # allocated on device 0, the current one
+    assert mallocs.devices == {1}, mallocs.devices
     want, where0 = every_call(0, ckpt)
     assert set(where0.values()) == {0}, where0
     assert got.keys() == want.keys()
+    if not same_gpu_model():
+        pytest.skip("the two devices differ (their kernel plans may): results not compared")
     for k in want:  # the same weights and inputs on the same GPU model: bit for bit
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
 @two
-def test_engines_on_two_devices_keep_their_own_facts_buffers_and_caches(preset_checkpoint):
+def test_engines_on_two_devices_keep_their_own_facts_buffers_and_kernels(preset_checkpoint):
     from pydflash import DflashDraft, Engine
 
     engines = [Engine(0), Engine(1)]
     ckpt = preset_checkpoint("tiny")
     drafters = [DflashDraft.load(e, ckpt, "bf16", progress=None) for e in engines]
     kvs = [d.new_kv(e, 64) for e, d in zip(engines, drafters)]
+    b, hidden = drafters[0].cfg.block_size, drafters[0].cfg.hidden
+    noises = []
     for k, (e, kv) in enumerate(zip(engines, kvs)):
         props = cp.cuda.runtime.getDeviceProperties(k)
         assert e.ordinal == k and e.device.id == k
         assert e.sm_count == props["multiProcessorCount"]  # each engine's own capabilities
         assert {a.device.id for a in [*kv.k, *kv.v, kv.pos, kv.round_state]} == {k}
-    b = drafters[1].cfg.block_size
-    with cp.cuda.Device(1):
-        noise = cp.ones((b, drafters[1].cfg.hidden), np.float32)
-    # the other device's KV and engine are refused by name before anything is queued
+        with cp.cuda.Device(k):
+            noises.append(cp.ones((b, hidden), np.float32))
+    # the other device's KV and engine are refused by name before any kernel runs
     with pytest.raises(WrongDeviceError, match="kv: lives on device 0, engine uses device 1"):
-        drafters[1].forward_round(engines[1], kvs[0], noise, np.arange(b))
+        drafters[1].forward_round(engines[1], kvs[0], noises[1], np.arange(b))
     with pytest.raises(WrongDeviceError, match="e: an engine on device 0"):
-        drafters[1].forward_round(engines[0], kvs[1], noise, np.arange(b))
-    assert kvs[0].len == 0 and kvs[1].len == 0
+        drafters[1].forward_round(engines[0], kvs[1], noises[1], np.arange(b))
+    for kv in kvs:  # no round ran: a round writes its positions into round_state
+        assert not cp.asnumpy(kv.round_state).any()
+    # each engine's kernels are loaded on its own device: an ingest and a round on each, with
+    # device 0 current
+    taps, _, pos = random_inputs(drafters[0].cfg, 8, np.random.default_rng(9))
+    for k, (e, d, kv) in enumerate(zip(engines, drafters, kvs)):
+        with cp.cuda.Device(k):
+            rows = cp.asarray(taps[:8])
+        d.ingest_ctx(e, kv, d.ctx_features(e, rows, 8), pos[:8], 8)
+        out = d.forward_round(e, kv, noises[k], np.arange(8, 8 + b))
+        assert out.device.id == k and kv.len == 8 and np.isfinite(cp.asnumpy(out)).all()
 
 
 @two
