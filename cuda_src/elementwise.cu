@@ -18,6 +18,27 @@ extern "C" __global__ void silu_mul_f32(const float* gate, const float* up, floa
     }
 }
 
+// out[r, o] = silu(g) * u of a gate_up projection written as n_split partials split_stride
+// floats apart (a batched round's hi / lo products from gemm_quant_tma.cu), rows of 2 * n_ff
+// with gate and up rows interleaved in groups of 8 (pydflash/draft/weights.py): g at column
+// 16 * (o / 8) + o % 8, u eight columns on; the partials added in split order, then
+// silu_mul_f32's arithmetic.
+extern "C" __global__ void silu_mul_split_f32(const float* part, long long split_stride,
+                                              int n_split, long long rows, long long n_ff,
+                                              float* out) {
+    const long long n = rows * n_ff;
+    for (long long i = gtid(); i < n; i += gstride()) {
+        const long long r = i / n_ff, o = i - r * n_ff;
+        const float* row = part + r * 2 * n_ff + (o >> 3) * 16 + (o & 7);
+        float g = row[0], u = row[8];
+        for (int s = 1; s < n_split; ++s) {
+            g += row[s * split_stride];
+            u += row[s * split_stride + 8];
+        }
+        out[i] = silu(g) * u;
+    }
+}
+
 // A caller's input in another dtype -> the float32 / int32 the kernels read, in one pass:
 // bf16 bits (exact: the bits widened), f16 (exact), int64 ids (values outside [0, 2^31) become
 // -1: an id no table holds, never a wrapped valid one).

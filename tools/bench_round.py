@@ -544,6 +544,13 @@ def main(argv: list[str] | None = None) -> int:
         "the same drafter all row-major beside it)",
     )
     ap.add_argument(
+        "--batched-quant-gemm",
+        action="store_true",
+        help="load with Policy(batched_quant_gemm=True): batched bf16-activation rounds of q8_0 "
+        "/ q4_0 weights take gemm_quant's tile from 64 rows (their round-only weights then "
+        "row-major); time it beside a run without",
+    )
+    ap.add_argument(
         "--peer",
         action="store_true",
         help="also time tools/peer_round.py (plain torch + cuBLAS in a CUDA graph, bf16) at the "
@@ -571,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         quant_ingest=not args.gemm_cu_ingest,
         wgmma_tile=args.tile or linear.DEFAULT.wgmma_tile,
         batched_bf16_gemm=not args.no_batched_bf16_gemm,
+        batched_quant_gemm=args.batched_quant_gemm,
     )
 
     from pydflash import Engine

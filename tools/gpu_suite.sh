@@ -150,6 +150,8 @@ if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer b
     want 131072 && run "tables_${ck}_131072" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 --ctx 131072 --rounds 30 --peer
     want batch && run "tables_${ck}_batch" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --batch 1 16 64 --activations f32 bf16 --rounds 30 --peer
     want batch_quant && run "tables_${ck}_batch_quant" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 f32 --rounds 30
+    # the same with the quant linears of bf16-activation batches on gemm_quant's tile
+    want batch_quant && run "tables_${ck}_batch_quant_gemm" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 --rounds 30 --batched-quant-gemm
     want decode_bf16 && run "tables_${ck}_decode_bf16" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --rounds 200 --row-major --no-batched-bf16-gemm
   done
 fi

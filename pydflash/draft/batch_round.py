@@ -13,7 +13,8 @@ import numpy as np
 
 from .. import linear
 from ..errors import DeviceError
-from ..linear import gemm_bf16act
+from ..linear import gemm_bf16act, gemm_quant
+from ..ops import elementwise
 from ..ops.seqs import Seqs
 from .batch_kv import BUCKETS, MAX_BATCH, DflashBatchKv, bucket
 from .buffers import RoundBuffers
@@ -61,6 +62,9 @@ class BatchRound:
             # gate_up wrote only ff_b: down must read it (the MLP's two weights share a format
             # and the rows, so this cannot happen with pydflash.draft.weights' precisions)
             raise DeviceError(f"down ({w.fmt}) cannot read the bf16 ff gate_up ({m} rows) wrote")
+        if self.scratch is not None and choice.kernel == "quant_split":
+            self._project_quant(e, w, x, m, out, epilogue, ksplit, split_stride)
+            return
         if self.scratch is not None and takes and choice.tile is not None:
             copies = {id(self.buf.xn): self.xn_b, id(self.buf.attn): self.attn_b}
             rounded = copies.get(id(x)) if x is not self.buf.ff else self.ff_b
@@ -85,6 +89,37 @@ class BatchRound:
         else:
             linear.project(e, w, x, m, out, epilogue, ksplit=ksplit, split_stride=split_stride)
 
+    def _project_quant(
+        self,
+        e: Engine,
+        w: Any,
+        x: Any,
+        m: int,
+        out: Any,
+        epilogue: str,
+        ksplit: int,
+        split_stride: int,
+    ) -> None:
+        """A q8_0 / q4_0 linear on gemm_quant's tile (Policy.batched_quant_gemm): "store" as
+        its hi and lo partials m rows apart (the consumer adds the round's ks = 2 partials),
+        "silu_mul" through buf.ff_part, then the partials' silu_mul into out."""
+        n = w.out_features
+        if epilogue == "store":
+            if ksplit != linear.QUANT_SPLIT_PARTS or split_stride != m * n:
+                raise DeviceError(
+                    f"quant_split {w.fmt}: the consumer must add {linear.QUANT_SPLIT_PARTS} "
+                    f"partials {m} rows apart, found {ksplit} partials {split_stride} floats apart"
+                )
+            gemm_quant.project_split(e, w, x, m, out, split_stride, scratch=self.scratch)
+        elif epilogue == "silu_mul":
+            part = self.buf.ff_part
+            if part is None:
+                raise DeviceError("quant_split silu_mul: the pool has no gate_up partial buffer")
+            gemm_quant.project_split(e, w, x, m, part, m * n, scratch=self.scratch)
+            elementwise.silu_mul_split(e, part, m * n, linear.QUANT_SPLIT_PARTS, m, n // 2, out)
+        else:
+            raise DeviceError(f"quant_split: no {epilogue!r} epilogue in a batched round")
+
     def seqs(self, layer: int) -> Seqs:
         return Seqs(self.n, self.slot, self.slot_kv[layer], self.slot_kpos, int(self.state_ld))
 
@@ -107,7 +142,7 @@ class PoolRounds:
     ) -> None:
         self.policy = policy
         self.cap = bucket(min(pool.slots, MAX_BATCH))
-        need = RoundBuffers.nbytes(e, cfg, layer, self.cap)
+        need = RoundBuffers.nbytes(e, cfg, layer, self.cap, policy)
         what = f"batched-round buffers for {self.cap} sequences"
         with e.allocating(need, what):
             self.buf = RoundBuffers(e, cfg, layer, self.cap, policy=policy)
@@ -119,16 +154,29 @@ class PoolRounds:
         self.xn_b: Any = None  # and the bf16 copies of xn and attn (BatchRound)
         self.attn_b: Any = None
         self.ff_b: Any = None
+
         # the bf16 mode's K splits a bucket (linear.round_splits; never above the
-        # buffers' own, which the f32 mode keeps): qkv, o, down
+        # buffers' own, which the f32 mode keeps; quant_split's two partials, which the
+        # buffers hold under that policy): qkv, o, down; DFlash2's attention and MLP convs
+        # keep the buffers' own unless quant_split takes them
+        def conv_splits(cw: Any, cap: int, rows: int) -> int:
+            if cw is None:
+                return cap
+            choice = linear.batched_choice(e, cw.proj, rows, cap, policy)
+            return linear.QUANT_SPLIT_PARTS if choice.kernel == "quant_split" else cap
+
         self.bf16_splits = {
-            n: tuple(
-                linear.round_splits(e, w, n * cfg.block_size, cap, policy)
-                for w, cap in (
-                    (layer.qkv, self.buf.ks_qkv),
-                    (layer.o, self.buf.ks_o),
-                    (layer.down, self.buf.ks_down),
-                )
+            n: (
+                *(
+                    linear.round_splits(e, w, n * cfg.block_size, cap, policy)
+                    for w, cap in (
+                        (layer.qkv, self.buf.ks_qkv),
+                        (layer.o, self.buf.ks_o),
+                        (layer.down, self.buf.ks_down),
+                    )
+                ),
+                conv_splits(layer.attn_conv, self.buf.ks_conv_attn, n * cfg.block_size),
+                conv_splits(layer.mlp_conv, self.buf.ks_conv_mlp, n * cfg.block_size),
             )
             for n in BUCKETS
             if n <= self.cap
@@ -138,6 +186,8 @@ class PoolRounds:
         """The bf16-activation scratch of the largest bucket (before any state is written)."""
         if self.scratch is None:
             count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
+            if self.policy.batched_quant_gemm:  # quant_split: the hi and the lo rows
+                count *= linear.QUANT_SPLIT_PARTS
             copies = self.buf.xn.size + self.buf.attn.size + self.buf.ff.size
             with e.allocating(2 * (count + copies), f"bf16 activations of {self.cap} sequences"):
                 # zeros: the padding sequences' rows are read, never written (RoundBuffers);
@@ -157,7 +207,8 @@ class PoolRounds:
         buf = self.buf
         if activations == "bf16":  # the same buffers, fewer K splits where that is faster
             buf = copy.copy(self.buf)
-            buf.ks_qkv, buf.ks_o, buf.ks_down = self.bf16_splits[n]
+            ks = self.bf16_splits[n]
+            buf.ks_qkv, buf.ks_o, buf.ks_down, buf.ks_conv_attn, buf.ks_conv_mlp = ks
         bf16 = activations == "bf16"
         return BatchRound(
             n,

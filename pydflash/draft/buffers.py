@@ -61,6 +61,7 @@ class RoundBuffers(KSplits):
     xc: Any = None  # DFlash2: the conv of xn a sublayer reads,
     conv_part: Any = None  # its kernel projection's split-K partials,
     conv_d: Any = None  # and the per-row taps of the conv after the sublayer
+    ff_part: Any = None  # a batched pool's gate_up hi / lo partials (Policy.batched_quant_gemm)
 
     def __init__(
         self,
@@ -76,7 +77,8 @@ class RoundBuffers(KSplits):
         # a batched bucket's padding sequences are read by the norms and linears (row-wise, their
         # results dropped) and never written by attention: zeros keep them defined
         alloc = e.empty if seqs == 1 else e.zeros
-        for name, shape in _shapes(cfg, layer, seqs, self, hilo).items():
+        parts = _split_parts(seqs, policy)
+        for name, shape in _shapes(cfg, layer, seqs, self, hilo, parts).items():
             setattr(self, name, alloc(shape))
         self.att = attention.Scratch(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
@@ -92,30 +94,50 @@ class RoundBuffers(KSplits):
         self.rope_factor = [attention_factor(s) for s in specs]
 
     @staticmethod
-    def nbytes(e: Engine, cfg: DflashCfg, layer: DflashLayer, seqs: int = 1) -> int:
+    def nbytes(
+        e: Engine,
+        cfg: DflashCfg,
+        layer: DflashLayer,
+        seqs: int = 1,
+        policy: linear.Policy = linear.DEFAULT,
+    ) -> int:
         """Device bytes of the buffers of `seqs` stacked blocks (checked before allocating)."""
         _, o_part, ml_part = attention.Scratch.shapes(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
-        hilo = seqs == 1 and linear.holds_hilo_scratch(e, layer.kv)
-        shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo)
+        hilo = seqs == 1 and linear.holds_hilo_scratch(e, layer.kv, policy)
+        parts = _split_parts(seqs, policy)
+        shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo, parts)
         xb_bytes = 2 * shapes["kv_part"][0] * INGEST_CHUNK * cfg.hidden if hilo else 0
         f32 = [*shapes.values(), o_part, ml_part]
         return 4 * sum(int(np.prod(s)) for s in f32) + xb_bytes
 
 
+def _split_parts(seqs: int, policy: linear.Policy) -> int:
+    """The partials a batched pool's round linears may write besides the decode plan's: the
+    hi / lo pair of quant_split (Policy.batched_quant_gemm), else none."""
+    return linear.QUANT_SPLIT_PARTS if seqs > 1 and policy.batched_quant_gemm else 0
+
+
 def _shapes(
-    cfg: DflashCfg, layer: DflashLayer, seqs: int, ks: KSplits, hilo: bool = False
+    cfg: DflashCfg,
+    layer: DflashLayer,
+    seqs: int,
+    ks: KSplits,
+    hilo: bool = False,
+    split_parts: int = 0,
 ) -> dict[str, tuple]:
-    """The float32 buffers of a round over `seqs` stacked blocks, by name."""
+    """The float32 buffers of a round over `seqs` stacked blocks, by name; split_parts > 0
+    (a batched pool whose quant linears may take quant_split): the partial buffers hold at
+    least that many partials, and gate_up's partials get a buffer of their own."""
     m, h = seqs * cfg.block_size, cfg.hidden
-    return {
+    shapes = {
         "noise": (m, h),  # the round's input, copied in
         "out": (m, h),  # the round's output
         "x": (m, h),  # the residual stream
         "xn": (m, h),  # its normed copy
-        "qkv_part": (ks.ks_qkv, m, layer.qkv.out_features),
-        "x_part": (max(ks.ks_o, ks.ks_down), m, h),
+        "qkv_part": (max(ks.ks_qkv, split_parts), m, layer.qkv.out_features),
+        "x_part": (max(ks.ks_o, ks.ks_down, split_parts), m, h),
         "q": (m, cfg.q_dim),
         "attn": (m, cfg.q_dim),
         "ff": (m, cfg.n_ff),
@@ -124,17 +146,22 @@ def _shapes(
             INGEST_CHUNK,
             2 * cfg.kv_dim,
         ),
-    } | _conv_shapes(cfg, layer, m, ks)
+    }
+    if split_parts:  # gate_up's hi / lo products before their silu_mul
+        shapes["ff_part"] = (split_parts, m, layer.gate_up.out_features)
+    return shapes | _conv_shapes(cfg, layer, m, ks, split_parts)
 
 
-def _conv_shapes(cfg: DflashCfg, layer: DflashLayer, m: int, ks: KSplits) -> dict[str, tuple]:
+def _conv_shapes(
+    cfg: DflashCfg, layer: DflashLayer, m: int, ks: KSplits, split_parts: int = 0
+) -> dict[str, tuple]:
     """A DFlash2 round's conv buffers over m rows (none for other drafters)."""
     if cfg.dflash2 is None or layer.attn_conv is None:
         return {}
     width = layer.attn_conv.proj.out_features  # 2 * k * hidden / gs
     return {
         "xc": (m, cfg.hidden),
-        "conv_part": (max(ks.ks_conv_attn, ks.ks_conv_mlp), m, width),
+        "conv_part": (max(ks.ks_conv_attn, ks.ks_conv_mlp, split_parts), m, width),
         "conv_d": (m, width // 2),
     }
 

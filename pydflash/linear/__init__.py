@@ -6,6 +6,7 @@ from .decode import F32_ROWS, sample_blocks
 from .dispatch import (
     DEFAULT,
     GEMM_ROWS,
+    QUANT_SPLIT_PARTS,
     ROUND_ONLY,
     Choice,
     IngestPlan,
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT",
     "F32_ROWS",
     "GEMM_ROWS",
+    "QUANT_SPLIT_PARTS",
     "ROUND_ONLY",
     "Choice",
     "IngestPlan",

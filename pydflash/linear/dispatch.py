@@ -38,6 +38,10 @@ The table, row by row (a row's reason is its H200 measurement, docs/performance.
                                                    against wgmma's 241.8, M = 1024 816.4 / 904.9
   batched_bf16 bf16, no wgmma      64 .. 128       bf16act w4_64x128_k64
   batched_bf16 bf16, no wgmma      > 128           bf16act w8_128x128_k64
+  batched_bf16 q8_0 q4_0, TMA,     >= 64 rows      quant_split (gemm_quant_tma.cu, the ingest's
+               K % 64 == 0,                        tile: hi / lo partials, the weights read once
+               Policy(batched_quant_gemm=True)     a row tile): not measured yet, so off by
+                                                   default; its weights are stored row-major
   batched_bf16 other, < 64 rows,                   the round's decode kernel (the exact path): at
                Policy(batched_bf16_gemm=False)     M <= 32 it streams the weights once or twice
 
@@ -96,6 +100,8 @@ WGMMA_TILES = (gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES)
 PROBE_ROWS = (1, 16, BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM_ROWS, 4096)
 # the modes a layer's o, gate_up, down and DFlash2 conv projections are read in
 ROUND_ONLY = ("round", "batched_bf16")
+# the partials of a quant_split projection (hi(x) . w^T and lo(x) . w^T)
+QUANT_SPLIT_PARTS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,13 +118,17 @@ class Policy:
     # decode linear, as for the quant formats, so a bf16 drafter's round-only weights are
     # only read by it and stored tiled too: faster single rounds, slower large batches)
     batched_bf16_gemm: bool = True
+    # batched rounds' bf16 activations through gemm_quant's tile for q8_0 / q4_0 weights
+    # (False: the decode linear); True stores their round-only weights row-major, which slows
+    # single rounds. Not yet measured against the decode linear: off unless asked for
+    batched_quant_gemm: bool = False
 
     def __post_init__(self) -> None:
         if self.wgmma_tile not in WGMMA_TILES:
             raise ArgumentError(
                 f"wgmma_tile must be one of {list(WGMMA_TILES)}, found {self.wgmma_tile!r}"
             )
-        for name in ("quant_ingest", "tiled_decode", "batched_bf16_gemm"):
+        for name in ("quant_ingest", "tiled_decode", "batched_bf16_gemm", "batched_quant_gemm"):
             value = getattr(self, name)
             if not isinstance(value, bool):  # "no" or 0 would read as a choice
                 raise ArgumentError(f"{name} must be True or False, found {value!r}")
@@ -189,6 +199,15 @@ def choose(
             return Choice("quant_split")
         return Choice("gemm")
     if mode == "batched_bf16":
+        if (
+            fmt in gemm_quant.FORMATS
+            and policy.batched_quant_gemm
+            and rows >= BF16ACT_ROWS
+            and caps.tma
+            and k % gemm_quant.BLOCK_K == 0
+            and gemm_quant.smem_bytes(fmt) <= caps.smem_per_block
+        ):
+            return Choice("quant_split")
         if fmt != "bf16" or rows < BF16ACT_ROWS or not policy.batched_bf16_gemm:
             return _decode(fmt, policy)
         if caps.wgmma:
@@ -392,13 +411,15 @@ def project_rows(
 
 def round_splits(rt: Runtime, w: GpuTensor, m: int, cap: int, policy: Policy = DEFAULT) -> int:
     """K splits of a batched round's bf16-activation "store" linear over m rows, at most `cap`
-    (what the round's partial buffers hold). On the TMA tiles: the most splits whose blocks
-    still fit one wave, at least one (tools/bench_kernels.py --batched 256 512 --ksplits 1 2 4
-    on an H200, tma_128x128_s6: M = 256 qkv 1 split 30.8 us against 4 splits 44.7, o 2 splits
-    20.5 against 30.8, down 2 splits 45.5 against 54.1; at M = 512 one split each); `cap`
-    elsewhere (the tiles the splits were tuned on)."""
+    (what the round's partial buffers hold); quant_split's two partials. On the TMA tiles:
+    the most splits whose blocks still fit one wave, at least one (tools/bench_kernels.py
+    --batched 256 512 --ksplits 1 2 4 on an H200, tma_128x128_s6: M = 256 qkv 1 split 30.8 us
+    against 4 splits 44.7, o 2 splits 20.5 against 30.8, down 2 splits 45.5 against 54.1; at
+    M = 512 one split each); `cap` elsewhere (the tiles the splits were tuned on)."""
     k = w.in_features
     choice = choose("batched_bf16", w.fmt, m, rt.caps, k=k, ksplit=cap, policy=policy)
+    if choice.kernel == "quant_split":  # its hi and lo partials (the buffers hold >= 2)
+        return QUANT_SPLIT_PARTS
     if choice.kernel != "bf16act" or choice.tile not in gemm_bf16act.TMA_TILES:
         return cap
     bm, bn, _, smem = gemm_bf16act.tile_shape(choice.tile)

@@ -22,6 +22,11 @@ ADD = FAMILY.kernel("add_f32", "const float* a, const float* b, float* out, long
 SILU_MUL = FAMILY.kernel(
     "silu_mul_f32", "const float* gate, const float* up, float* out, long long n"
 )
+SILU_MUL_SPLIT = FAMILY.kernel(
+    "silu_mul_split_f32",
+    "const float* part, long long split_stride, int n_split, long long rows, long long n_ff, "
+    "float* out",
+)
 ADD_ROW = FAMILY.kernel(
     "add_row_inplace_f32", "float* x, const float* row, long long rows, long long n"
 )
@@ -79,6 +84,25 @@ def add(rt: Runtime, a: Any, b: Any, out: Any, n: int) -> None:
 def silu_mul(rt: Runtime, gate: Any, up: Any, out: Any, n: int) -> None:
     if n:
         rt.launch(SILU_MUL, grid(rt, n), THREADS, gate=gate, up=up, out=out, n=n)
+
+
+def silu_mul_split(
+    rt: Runtime, part: Any, split_stride: int, n_split: int, rows: int, n_ff: int, out: Any
+) -> None:
+    """out [rows, n_ff] = silu(gate) * up of a gate_up projection held as n_split partials
+    (rows of 2 * n_ff, gate and up interleaved in groups of 8) split_stride floats apart."""
+    if rows * n_ff:
+        rt.launch(
+            SILU_MUL_SPLIT,
+            grid(rt, rows * n_ff),
+            THREADS,
+            part=part,
+            split_stride=split_stride,
+            n_split=n_split,
+            rows=rows,
+            n_ff=n_ff,
+            out=out,
+        )
 
 
 def add_row(rt: Runtime, x: Any, row: Any, rows: int, n: int) -> None:

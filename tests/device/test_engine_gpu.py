@@ -199,6 +199,28 @@ def test_matmul_silu_mul_interleaved(engine, rng, fmt, m):
     assert rel(e.dtoh(y), g / (1 + np.exp(-g)) * (x @ ud.T)) < LINEAR_TOL[fmt] * 2
 
 
+@pytest.mark.parametrize("m,n_ff,n_split", [(1, 8, 1), (3, 48, 2), (21, 136, 2), (5, 16, 3)])
+def test_silu_mul_split_adds_the_partials_then_silu_muls(engine, rng, m, n_ff, n_split):
+    """elementwise.silu_mul_split over gate_up partials (gate / up interleaved in groups of 8,
+    weights.py) against NumPy: the partials added in split order, silu in float32."""
+    from pydflash.ops import elementwise
+
+    e = engine
+    stride = m * 2 * n_ff + 24  # partials need not be adjacent
+    part = rng.standard_normal(n_split * stride).astype(np.float32)
+    out = poisoned(e, (m, n_ff))
+    with e.ordered():
+        elementwise.silu_mul_split(e, e.htod(part), stride, n_split, m, n_ff, out)
+    size = m * 2 * n_ff
+    rows = [part[s * stride : s * stride + size].reshape(m, -1, 2, 8) for s in range(n_split)]
+    total = rows[0].copy()
+    for r in rows[1:]:
+        total = total + r  # float32, in split order
+    g, u = total[:, :, 0].reshape(m, n_ff), total[:, :, 1].reshape(m, n_ff)
+    want = g / (np.float32(1) + np.exp(-g)) * u
+    np.testing.assert_allclose(e.dtoh(out), want, rtol=2e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("src", ["f32", "bf16"])
 def test_device_quantization_is_ggml_exact(engine, rng, fmt, src):

@@ -303,6 +303,46 @@ def test_bf16_activations_equal_single_rounds_to_rounding(engine, ckpts, rng, na
     print(f"{name}: activations='bf16' vs single rounds, worst rel {worst:.2e}")
 
 
+def _quant_gemm_drafter(e, path, precision):
+    """The drafter with Policy(batched_quant_gemm=True), or a skip where gemm_quant's tile does
+    not run (no tensor maps)."""
+    from pydflash import DflashDraft, linear
+
+    policy = linear.Policy(batched_quant_gemm=True)
+    d = DflashDraft.load(e, path, precision, policy=policy)
+    if linear.batched_choice(e, d.layers[0].o, 64, 2, policy).kernel != "quant_split":
+        pytest.skip(f"gemm_quant's tile does not run on {e.caps.arch} (needs tensor maps)")
+    return d
+
+
+@pytest.mark.parametrize("precision", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("name", ["tiny", "swa", "dspark", "dflash2"])
+def test_batched_quant_gemm_equals_single_rounds_to_rounding(engine, ckpts, rng, name, precision):
+    """Policy(batched_quant_gemm=True): a bf16-activation round of enough sequences that the
+    q8_0 / q4_0 linears take gemm_quant's tile (hi / lo partials, gate_up through
+    silu_mul_split) equals the exact single rounds to the mode's rounding; the exact batched
+    round of the same drafter (decode linear, row-major weights) stays bit for bit."""
+    from pydflash.linear.dispatch import BF16ACT_ROWS
+
+    e = engine
+    d = _quant_gemm_drafter(e, ckpts[name], precision)
+    n = -(-BF16ACT_ROWS // d.cfg.block_size) + 3
+    lens = [int(t) for t in rng.integers(0, 200, n)]
+    lens[0], lens[1] = 0, 1
+    worst = _bf16_vs_single(e, d, n, lens, rng, 300)
+    print(f"{name} {precision}: batched_quant_gemm vs single rounds, worst rel {worst:.2e}")
+
+
+@pytest.mark.scale
+@pytest.mark.parametrize("precision", ["q8_0", "q4_0"])
+def test_batched_quant_gemm_at_qwen3_8b_batch_16(engine, preset_checkpoint, rng, precision):
+    e = engine
+    d = _quant_gemm_drafter(e, preset_checkpoint("qwen3-8b-b16"), precision)
+    lens = [int(t) for t in rng.integers(500, 4096, 16)]
+    worst = _bf16_vs_single(e, d, 16, lens, rng, 4200)
+    print(f"SCALE qwen3-8b-b16 {precision} B=16 batched_quant_gemm: worst rel {worst:.2e}")
+
+
 def test_bf16_activations_is_refused_when_unknown(engine, ckpts, rng):
     from pydflash import DflashDraft
 

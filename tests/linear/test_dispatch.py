@@ -233,7 +233,9 @@ def test_without_the_batched_bf16_gemm_bf16_round_weights_are_tiled(caps):
     }
 
 
-@pytest.mark.parametrize("name", ["quant_ingest", "tiled_decode", "batched_bf16_gemm"])
+@pytest.mark.parametrize(
+    "name", ["quant_ingest", "tiled_decode", "batched_bf16_gemm", "batched_quant_gemm"]
+)
 @pytest.mark.parametrize("value", ["no", 0, 1, None])
 def test_policy_flags_are_bools(name, value):
     """A Policy flag is True or False: "no", 0 or None would read as a choice (truthiness)."""
@@ -242,3 +244,41 @@ def test_policy_flags_are_bools(name, value):
     with pytest.raises(ArgumentError, match=f"{name} must be True or False, found {value!r}"):
         dispatch.Policy(**{name: value})
     assert getattr(dispatch.Policy(**{name: False}), name) is False
+
+
+@pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
+def test_batched_quant_gemm_takes_gemm_quant_from_64_rows_where_tma_does(caps):
+    """Policy(batched_quant_gemm=True): a batched bf16-activation round's q8_0 / q4_0 linears
+    take gemm_quant's tile (quant_split, two partials) from BF16ACT_ROWS rows where it runs
+    (tensor maps, K a multiple of 64), so their round-only weights are stored row-major; the
+    default keeps the decode linear and the tiled layout, and bf16 / f32 do not move."""
+    on = dispatch.Policy(batched_quant_gemm=True)
+    runs = caps.tma  # the TMA + wgmma devices (sm_90 with tensor maps, the new generation)
+    for fmt in ("q8_0", "q4_0"):
+        for rows in (1, 16, 63):
+            assert kernel("batched_bf16", fmt, rows, caps, policy=on).kernel == "decode_v3"
+        for rows in (64, 65, 256, 1024):
+            want = "quant_split" if runs else "decode_v3"
+            assert kernel("batched_bf16", fmt, rows, caps, policy=on).kernel == want
+            assert kernel("batched_bf16", fmt, rows, caps).kernel == "decode_v3"  # default
+        # K not a multiple of the tile's 64: the decode linear
+        assert kernel("batched_bf16", fmt, 256, caps, k=4128, policy=on).kernel == "decode_v3"
+        tiled = dispatch.layout_rows(fmt, dispatch.ROUND_ONLY, caps, k=4096, policy=on)
+        assert tiled == (0 if runs else 64)
+        mods = {f.module for f in dispatch.families(fmt, caps, [4096], on)}
+        assert ("gemm_quant_tma" in mods) == runs
+    for fmt in ("bf16", "f32"):
+        for rows in (16, 64, 256):
+            assert kernel("batched_bf16", fmt, rows, caps, policy=on) == kernel(
+                "batched_bf16", fmt, rows, caps
+            )
+
+
+def test_round_splits_of_quant_split_are_its_two_partials():
+    rt = types.SimpleNamespace(caps=H200)
+    on = dispatch.Policy(batched_quant_gemm=True)
+    w = types.SimpleNamespace(fmt="q4_0", out_features=4096, in_features=4096)
+    assert linear.round_splits(rt, w, 256, 4, on) == linear.QUANT_SPLIT_PARTS == 2
+    assert linear.round_splits(rt, w, 256, 1, on) == 2  # the pool's buffers hold two (buffers)
+    assert linear.round_splits(rt, w, 256, 4) == 4  # default: the decode linear's own
+    assert linear.round_splits(rt, w, 32, 4, on) == 4  # below 64 rows: the decode linear

@@ -1,0 +1,60 @@
+"""RoundBuffers' shapes on the CPU (host stand-ins for the layer's weights and split factors):
+a batched pool under Policy(batched_quant_gemm=True) holds quant_split's two partials in every
+partial buffer and gate_up's partials in one of its own; nothing changes otherwise."""
+
+import types
+
+import pytest
+
+from pydflash import DflashCfg, linear
+from pydflash.draft import buffers
+
+CFG = DflashCfg.from_dict(
+    {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "rope_theta": 10000.0,
+        "block_size": 8,
+        "vocab_size": 256,
+        "mask_token_id": 255,
+        "target_layer_ids": [1, 3],
+    }
+)
+
+
+def layer():
+    w = lambda n: types.SimpleNamespace(out_features=n)  # noqa: E731 - a weight's width
+    return types.SimpleNamespace(
+        qkv=w(CFG.q_dim + 2 * CFG.kv_dim), gate_up=w(2 * CFG.n_ff), attn_conv=None
+    )
+
+
+def ks(**kw):
+    base = dict(ks_qkv=1, ks_kv=1, ks_o=1, ks_down=1, ks_conv_attn=0, ks_conv_mlp=0)
+    return types.SimpleNamespace(**(base | kw))
+
+
+@pytest.mark.parametrize("seqs,on,parts", [(1, True, 0), (4, False, 0), (4, True, 2)])
+def test_split_parts_only_for_a_batched_pool_under_the_policy(seqs, on, parts):
+    assert buffers._split_parts(seqs, linear.Policy(batched_quant_gemm=on)) == parts
+
+
+def test_quant_split_partials_fit_the_buffers():
+    m = 4 * CFG.block_size
+    plain = buffers._shapes(CFG, layer(), 4, ks())
+    assert plain["qkv_part"][0] == plain["x_part"][0] == 1 and "ff_part" not in plain
+    split = buffers._shapes(CFG, layer(), 4, ks(), split_parts=2)
+    assert split["qkv_part"] == (2, m, CFG.q_dim + 2 * CFG.kv_dim)
+    assert split["x_part"] == (2, m, CFG.hidden)
+    assert split["ff_part"] == (2, m, 2 * CFG.n_ff)
+    # the decode plan's own splits, where more, are kept
+    more = buffers._shapes(CFG, layer(), 4, ks(ks_qkv=3, ks_down=4), split_parts=2)
+    assert more["qkv_part"][0] == 3 and more["x_part"][0] == 4
+    # every other buffer is the same
+    assert {k: v for k, v in split.items() if k not in ("qkv_part", "x_part", "ff_part")} == {
+        k: v for k, v in plain.items() if k not in ("qkv_part", "x_part")
+    }
