@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="load with Policy(batched_quant_gemm=True): batched bf16-activation rounds of q8_0 "
         "/ q4_0 weights take gemm_quant's tile from 64 rows (their round-only weights then "
-        "row-major); time it beside a run without",
+        "row-major); a second run without the flag is its peer (gpu_suite.sh tables runs both)",
     )
     ap.add_argument(
         "--peer",

@@ -142,10 +142,21 @@ class PoolRounds:
     ) -> None:
         self.policy = policy
         self.cap = bucket(min(pool.slots, MAX_BATCH))
-        need = RoundBuffers.nbytes(e, cfg, layer, self.cap, policy)
+        # the linears of the largest bucket's bf16 mode that take quant_split (from 64 rows,
+        # so any bucket's that do are among them): the partial buffers, gate_up's own partials
+        # and the scratch's lo rows are sized for them only where some do
+        rows = self.cap * cfg.block_size
+        convs = [cw.proj for cw in (layer.attn_conv, layer.mlp_conv) if cw is not None]
+        takes = [
+            linear.batched_choice(e, w, rows, 1, policy).kernel == "quant_split"
+            for w in (layer.gate_up, layer.qkv, layer.o, layer.down, *convs)
+        ]
+        self.quant_split = any(takes)
+        parts = linear.QUANT_SPLIT_PARTS if self.quant_split else 0
+        need = RoundBuffers.nbytes(e, cfg, layer, self.cap, policy, parts, takes[0])
         what = f"batched-round buffers for {self.cap} sequences"
         with e.allocating(need, what):
-            self.buf = RoundBuffers(e, cfg, layer, self.cap, policy=policy)
+            self.buf = RoundBuffers(e, cfg, layer, self.cap, policy, parts, takes[0])
             self.ld = 1 + cfg.block_size
             self.io = e.zeros(self.cap * (self.ld + 1), np.int32)  # states | slot table
         self.rows = self.cap * cfg.block_size  # stacked block rows of the largest bucket
@@ -186,7 +197,7 @@ class PoolRounds:
         """The bf16-activation scratch of the largest bucket (before any state is written)."""
         if self.scratch is None:
             count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
-            if self.policy.batched_quant_gemm:  # quant_split: the hi and the lo rows
+            if self.quant_split:  # its hi and lo rows
                 count *= linear.QUANT_SPLIT_PARTS
             copies = self.buf.xn.size + self.buf.attn.size + self.buf.ff.size
             with e.allocating(2 * (count + copies), f"bf16 activations of {self.cap} sequences"):

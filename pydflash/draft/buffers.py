@@ -61,7 +61,7 @@ class RoundBuffers(KSplits):
     xc: Any = None  # DFlash2: the conv of xn a sublayer reads,
     conv_part: Any = None  # its kernel projection's split-K partials,
     conv_d: Any = None  # and the per-row taps of the conv after the sublayer
-    ff_part: Any = None  # a batched pool's gate_up hi / lo partials (Policy.batched_quant_gemm)
+    ff_part: Any = None  # a batched pool's gate_up hi / lo partials (quant_split; PoolRounds)
 
     def __init__(
         self,
@@ -70,6 +70,8 @@ class RoundBuffers(KSplits):
         layer: DflashLayer,
         seqs: int = 1,
         policy: linear.Policy = linear.DEFAULT,
+        split_parts: int = 0,
+        ff_split: bool = False,
     ) -> None:
         super().__init__(e, layer)
         self.seqs = seqs
@@ -77,8 +79,8 @@ class RoundBuffers(KSplits):
         # a batched bucket's padding sequences are read by the norms and linears (row-wise, their
         # results dropped) and never written by attention: zeros keep them defined
         alloc = e.empty if seqs == 1 else e.zeros
-        parts = _split_parts(seqs, policy)
-        for name, shape in _shapes(cfg, layer, seqs, self, hilo, parts).items():
+        shapes = _shapes(cfg, layer, seqs, self, hilo, split_parts, ff_split)
+        for name, shape in shapes.items():
             setattr(self, name, alloc(shape))
         self.att = attention.Scratch(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
@@ -100,23 +102,18 @@ class RoundBuffers(KSplits):
         layer: DflashLayer,
         seqs: int = 1,
         policy: linear.Policy = linear.DEFAULT,
+        split_parts: int = 0,
+        ff_split: bool = False,
     ) -> int:
         """Device bytes of the buffers of `seqs` stacked blocks (checked before allocating)."""
         _, o_part, ml_part = attention.Scratch.shapes(
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
         hilo = seqs == 1 and linear.holds_hilo_scratch(e, layer.kv, policy)
-        parts = _split_parts(seqs, policy)
-        shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo, parts)
+        shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo, split_parts, ff_split)
         xb_bytes = 2 * shapes["kv_part"][0] * INGEST_CHUNK * cfg.hidden if hilo else 0
         f32 = [*shapes.values(), o_part, ml_part]
         return 4 * sum(int(np.prod(s)) for s in f32) + xb_bytes
-
-
-def _split_parts(seqs: int, policy: linear.Policy) -> int:
-    """The partials a batched pool's round linears may write besides the decode plan's: the
-    hi / lo pair of quant_split (Policy.batched_quant_gemm), else none."""
-    return linear.QUANT_SPLIT_PARTS if seqs > 1 and policy.batched_quant_gemm else 0
 
 
 def _shapes(
@@ -126,10 +123,11 @@ def _shapes(
     ks: KSplits,
     hilo: bool = False,
     split_parts: int = 0,
+    ff_split: bool = False,
 ) -> dict[str, tuple]:
-    """The float32 buffers of a round over `seqs` stacked blocks, by name; split_parts > 0
-    (a batched pool whose quant linears may take quant_split): the partial buffers hold at
-    least that many partials, and gate_up's partials get a buffer of their own."""
+    """The float32 buffers of a round over `seqs` stacked blocks, by name. A batched pool
+    whose linears may take quant_split (PoolRounds decides): split_parts, the partials every
+    partial buffer holds at least; ff_split, gate_up's partials in a buffer of their own."""
     m, h = seqs * cfg.block_size, cfg.hidden
     shapes = {
         "noise": (m, h),  # the round's input, copied in
@@ -147,8 +145,8 @@ def _shapes(
             2 * cfg.kv_dim,
         ),
     }
-    if split_parts:  # gate_up's hi / lo products before their silu_mul
-        shapes["ff_part"] = (split_parts, m, layer.gate_up.out_features)
+    if ff_split:  # gate_up's hi / lo products before their silu_mul
+        shapes["ff_part"] = (linear.QUANT_SPLIT_PARTS, m, layer.gate_up.out_features)
     return shapes | _conv_shapes(cfg, layer, m, ks, split_parts)
 
 

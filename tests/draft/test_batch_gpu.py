@@ -317,19 +317,46 @@ def _quant_gemm_drafter(e, path, precision):
 
 @pytest.mark.parametrize("precision", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("name", ["tiny", "swa", "dspark", "dflash2"])
-def test_batched_quant_gemm_equals_single_rounds_to_rounding(engine, ckpts, rng, name, precision):
+def test_batched_quant_gemm_equals_single_rounds_to_rounding(
+    engine, ckpts, rng, monkeypatch, name, precision
+):
     """Policy(batched_quant_gemm=True): a bf16-activation round of enough sequences that the
     q8_0 / q4_0 linears take gemm_quant's tile (hi / lo partials, gate_up through
     silu_mul_split) equals the exact single rounds to the mode's rounding; the exact batched
-    round of the same drafter (decode linear, row-major weights) stays bit for bit."""
+    round of the same drafter (decode linear, row-major weights) stays bit for bit. The
+    launchers are wrapped (calling through) to see that every linear of a layer took it."""
+    from pydflash.draft import batch_round
     from pydflash.linear.dispatch import BF16ACT_ROWS
 
     e = engine
     d = _quant_gemm_drafter(e, ckpts[name], precision)
+    seen, silu = set(), []
+    project_split, silu_mul_split = (
+        batch_round.gemm_quant.project_split,
+        (batch_round.elementwise.silu_mul_split),
+    )
+
+    def spy_project(rt, w, *args, **kw):
+        seen.add(id(w))
+        return project_split(rt, w, *args, **kw)
+
+    def spy_silu(*args, **kw):
+        silu.append(1)
+        return silu_mul_split(*args, **kw)
+
+    monkeypatch.setattr(batch_round.gemm_quant, "project_split", spy_project)
+    monkeypatch.setattr(batch_round.elementwise, "silu_mul_split", spy_silu)
     n = -(-BF16ACT_ROWS // d.cfg.block_size) + 3
     lens = [int(t) for t in rng.integers(0, 200, n)]
     lens[0], lens[1] = 0, 1
     worst = _bf16_vs_single(e, d, n, lens, rng, 300)
+    for layer in d.layers:
+        convs = [cw.proj for cw in (layer.attn_conv, layer.mlp_conv) if cw is not None]
+        for w in (layer.qkv, layer.o, layer.gate_up, layer.down, *convs):
+            assert id(w) in seen, (
+                f"a {w.out_features} x {w.in_features} linear kept the decode kernel"
+            )
+    assert len(silu) >= len(d.layers)  # gate_up's partials through silu_mul_split
     print(f"{name} {precision}: batched_quant_gemm vs single rounds, worst rel {worst:.2e}")
 
 

@@ -1,12 +1,11 @@
 """RoundBuffers' shapes on the CPU (host stand-ins for the layer's weights and split factors):
-a batched pool under Policy(batched_quant_gemm=True) holds quant_split's two partials in every
-partial buffer and gate_up's partials in one of its own; nothing changes otherwise."""
+a batched pool some of whose linears take quant_split (Policy(batched_quant_gemm=True); the
+pool's PoolRounds decides) holds its two partials in every partial buffer and, where gate_up
+takes it, gate_up's partials in one of their own; nothing changes otherwise."""
 
 import types
 
-import pytest
-
-from pydflash import DflashCfg, linear
+from pydflash import DflashCfg
 from pydflash.draft import buffers
 
 CFG = DflashCfg.from_dict(
@@ -38,22 +37,18 @@ def ks(**kw):
     return types.SimpleNamespace(**(base | kw))
 
 
-@pytest.mark.parametrize("seqs,on,parts", [(1, True, 0), (4, False, 0), (4, True, 2)])
-def test_split_parts_only_for_a_batched_pool_under_the_policy(seqs, on, parts):
-    assert buffers._split_parts(seqs, linear.Policy(batched_quant_gemm=on)) == parts
-
-
 def test_quant_split_partials_fit_the_buffers():
     m = 4 * CFG.block_size
     plain = buffers._shapes(CFG, layer(), 4, ks())
     assert plain["qkv_part"][0] == plain["x_part"][0] == 1 and "ff_part" not in plain
-    split = buffers._shapes(CFG, layer(), 4, ks(), split_parts=2)
+    split = buffers._shapes(CFG, layer(), 4, ks(), split_parts=2, ff_split=True)
     assert split["qkv_part"] == (2, m, CFG.q_dim + 2 * CFG.kv_dim)
     assert split["x_part"] == (2, m, CFG.hidden)
     assert split["ff_part"] == (2, m, 2 * CFG.n_ff)
     # the decode plan's own splits, where more, are kept
     more = buffers._shapes(CFG, layer(), 4, ks(ks_qkv=3, ks_down=4), split_parts=2)
     assert more["qkv_part"][0] == 3 and more["x_part"][0] == 4
+    assert "ff_part" not in more  # gate_up on the decode linear: no buffer of its own
     # every other buffer is the same
     assert {k: v for k, v in split.items() if k not in ("qkv_part", "x_part", "ff_part")} == {
         k: v for k, v in plain.items() if k not in ("qkv_part", "x_part")

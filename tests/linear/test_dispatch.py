@@ -253,7 +253,7 @@ def test_batched_quant_gemm_takes_gemm_quant_from_64_rows_where_tma_does(caps):
     (tensor maps, K a multiple of 64), so their round-only weights are stored row-major; the
     default keeps the decode linear and the tiled layout, and bf16 / f32 do not move."""
     on = dispatch.Policy(batched_quant_gemm=True)
-    runs = caps.tma  # the TMA + wgmma devices (sm_90 with tensor maps, the new generation)
+    runs = caps.tma  # wgmma with tensor maps: sm_90 (not NO_TMA; an unknown arch has neither)
     for fmt in ("q8_0", "q4_0"):
         for rows in (1, 16, 63):
             assert kernel("batched_bf16", fmt, rows, caps, policy=on).kernel == "decode_v3"
@@ -265,8 +265,14 @@ def test_batched_quant_gemm_takes_gemm_quant_from_64_rows_where_tma_does(caps):
         assert kernel("batched_bf16", fmt, 256, caps, k=4128, policy=on).kernel == "decode_v3"
         tiled = dispatch.layout_rows(fmt, dispatch.ROUND_ONLY, caps, k=4096, policy=on)
         assert tiled == (0 if runs else 64)
-        mods = {f.module for f in dispatch.families(fmt, caps, [4096], on)}
+        # the family for the batched row alone (ingest's own choice of it turned off)
+        alone = dispatch.Policy(batched_quant_gemm=True, quant_ingest=False)
+        mods = {f.module for f in dispatch.families(fmt, caps, [4096], alone)}
         assert ("gemm_quant_tma" in mods) == runs
+        no_ingest = dispatch.Policy(quant_ingest=False)
+        assert "gemm_quant_tma" not in {
+            f.module for f in dispatch.families(fmt, caps, [4096], no_ingest)
+        }
     for fmt in ("bf16", "f32"):
         for rows in (16, 64, 256):
             assert kernel("batched_bf16", fmt, rows, caps, policy=on) == kernel(
