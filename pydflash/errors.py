@@ -95,5 +95,6 @@ class DeviceFaultError(DeviceError):
 
 
 class WrongDeviceError(DeviceError, ValueError):
-    """An array the call was given lives on another device than the engine's (the message names
-    the argument and both devices); pydflash never reads across devices silently."""
+    """An array, DflashKv, pool or engine the call was given lives on another device than the
+    drafter's (the message names the argument and both devices); pydflash never reads across
+    devices silently."""

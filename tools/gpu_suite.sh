@@ -18,7 +18,7 @@
 # batch:   bench_round --batch 1 .. 64 --profile (qwen3-8b bf16, ctx 4096; exact and bf16
 #          activations) and bench_kernels --batched (gemm_bf16act's tiles): batched rounds
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
-# tables:  every table of docs/performance.md's figures, in one call: both presets, every
+# tables:  every table of docs/performance.md's figures: both presets, every
 #          precision at ctx 4096 (with propose) and 131072, batch 1 / 16 / 64 (exact and bf16
 #          activations; q8_0 / q4_0 too), the peer beside each, and bf16 with its round-only
 #          weights tiled (--no-batched-bf16-gemm) beside row-major; TABLES_PRESETS and
@@ -143,7 +143,8 @@ if [ "$PART" = soak ]; then   # the churn soak, alone on the device (its memory 
 fi
 if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer beside each
   # TABLES_PRESETS (both) and TABLES_ONLY (an extended regex over 4096, 131072, batch,
-  # batch_quant, decode_bf16) split the part over device calls when it does not fit one
+  # batch_quant, batch_quant_gemm, decode_bf16) split the part over device calls when it does
+  # not fit one
   want() { echo "$1" | grep -q -x -E "${TABLES_ONLY:-.*}"; }
   for ck in ${TABLES_PRESETS:-qwen3-8b-b16 gemma4-31b}; do
     want 4096 && run "tables_${ck}_4096" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --rounds 200 --propose --peer
@@ -151,7 +152,7 @@ if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer b
     want batch && run "tables_${ck}_batch" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --batch 1 16 64 --activations f32 bf16 --rounds 30 --peer
     want batch_quant && run "tables_${ck}_batch_quant" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 f32 --rounds 30
     # the same with the quant linears of bf16-activation batches on gemm_quant's tile
-    want batch_quant && run "tables_${ck}_batch_quant_gemm" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 --rounds 30 --batched-quant-gemm
+    want batch_quant_gemm && run "tables_${ck}_batch_quant_gemm" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 --rounds 30 --batched-quant-gemm
     want decode_bf16 && run "tables_${ck}_decode_bf16" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --rounds 200 --row-major --no-batched-bf16-gemm
   done
 fi
@@ -196,7 +197,10 @@ if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
   }
   export -f sanitize_job; export OUT CKPT
   # SANITIZE_ONLY (an extended regex over the job names) runs some of them again
-  grep -E "^[^ ]*(${SANITIZE_ONLY:-.})" "$OUT/sanitize_jobs.txt" > "$OUT/sanitize_jobs_run.txt"
+  awk -v re="${SANITIZE_ONLY:-.}" '$1 ~ re' "$OUT/sanitize_jobs.txt" > "$OUT/sanitize_jobs_run.txt"
+  if [ -n "${SANITIZE_ONLY:-}" ] && [ ! -s "$OUT/sanitize_jobs_run.txt" ]; then
+    echo "FAILED: SANITIZE_ONLY=$SANITIZE_ONLY names no job" | tee -a "$OUT/failed.log"
+  fi
   # beside them, memcheck over the GPU tests of the kernels one by one (their own geometries)
   echo memcheck_engine_tests | grep -q -E "${SANITIZE_ONLY:-.}" && (compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -x -p no:cacheprovider \
     tests/device/test_engine_gpu.py > "$OUT/sanitize_memcheck_engine_tests.log" 2>&1 \

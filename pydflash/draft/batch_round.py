@@ -105,20 +105,16 @@ class BatchRound:
         "silu_mul" through buf.ff_part, then the partials' silu_mul into out."""
         n = w.out_features
         if epilogue == "store":
-            if ksplit != linear.QUANT_SPLIT_PARTS or split_stride != m * n:
-                raise DeviceError(
-                    f"quant_split {w.fmt}: the consumer must add {linear.QUANT_SPLIT_PARTS} "
-                    f"partials {m} rows apart, found {ksplit} partials {split_stride} floats apart"
-                )
+            # the pool's round sets ks = 2 for this linear and the network passes m * N
+            assert ksplit == linear.QUANT_SPLIT_PARTS and split_stride == m * n, (ksplit, m)
             gemm_quant.project_split(e, w, x, m, out, split_stride, scratch=self.scratch)
         elif epilogue == "silu_mul":
             part = self.buf.ff_part
-            if part is None:
-                raise DeviceError("quant_split silu_mul: the pool has no gate_up partial buffer")
+            assert part is not None, "PoolRounds sizes ff_part where gate_up takes quant_split"
             gemm_quant.project_split(e, w, x, m, part, m * n, scratch=self.scratch)
             elementwise.silu_mul_split(e, part, m * n, linear.QUANT_SPLIT_PARTS, m, n // 2, out)
-        else:
-            raise DeviceError(f"quant_split: no {epilogue!r} epilogue in a batched round")
+        else:  # the round's linears are store or silu_mul (network.py)
+            raise AssertionError(f"quant_split: no {epilogue!r} epilogue in a batched round")
 
     def seqs(self, layer: int) -> Seqs:
         return Seqs(self.n, self.slot, self.slot_kv[layer], self.slot_kpos, int(self.state_ld))
@@ -145,21 +141,23 @@ class PoolRounds:
         # the linears of the largest bucket's bf16 mode that take quant_split (from 64 rows,
         # so any bucket's that do are among them): the partial buffers, gate_up's own partials
         # and the scratch's lo rows are sized for them only where some do
-        rows = self.cap * cfg.block_size
+        self.rows = self.cap * cfg.block_size  # stacked block rows of the largest bucket
+
+        def takes(w: Any) -> bool:
+            return linear.batched_choice(e, w, self.rows, 1, policy).kernel == "quant_split"
+
         convs = [cw.proj for cw in (layer.attn_conv, layer.mlp_conv) if cw is not None]
-        takes = [
-            linear.batched_choice(e, w, rows, 1, policy).kernel == "quant_split"
-            for w in (layer.gate_up, layer.qkv, layer.o, layer.down, *convs)
-        ]
-        self.quant_split = any(takes)
+        ff_split = takes(layer.gate_up)
+        self.quant_split = ff_split or any(
+            takes(w) for w in (layer.qkv, layer.o, layer.down, *convs)
+        )
         parts = linear.QUANT_SPLIT_PARTS if self.quant_split else 0
-        need = RoundBuffers.nbytes(e, cfg, layer, self.cap, policy, parts, takes[0])
+        need = RoundBuffers.nbytes(e, cfg, layer, self.cap, policy, parts, ff_split)
         what = f"batched-round buffers for {self.cap} sequences"
         with e.allocating(need, what):
-            self.buf = RoundBuffers(e, cfg, layer, self.cap, policy, parts, takes[0])
+            self.buf = RoundBuffers(e, cfg, layer, self.cap, policy, parts, ff_split)
             self.ld = 1 + cfg.block_size
             self.io = e.zeros(self.cap * (self.ld + 1), np.int32)  # states | slot table
-        self.rows = self.cap * cfg.block_size  # stacked block rows of the largest bucket
         self.k_max = max(cfg.hidden, cfg.q_dim, cfg.n_ff)  # the widest linear input
         self.scratch: Any = None  # gemm_bf16act's bf16 activations, on first use
         self.xn_b: Any = None  # and the bf16 copies of xn and attn (BatchRound)

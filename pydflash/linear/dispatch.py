@@ -53,8 +53,9 @@ And the layout a weight is stored in at load (`layout_rows`), from the modes it 
                               16 rows 10.0 / 50.8 / 26.5 us against 11.2 / 58.2 / 30.6 (bf16),
                               7.6 / 35.6 / 16.9 against 10.4 / 47.2 / 23.0 (q4_0)
                               (tools/bench_linear.py --tiled). A layer's o, gate_up, down and
-                              conv projections in q8_0 / q4_0 (bf16 ones are read by
-                              gemm_bf16act in batched rounds, unless
+                              conv projections in q8_0 / q4_0, unless
+                              Policy(batched_quant_gemm=True) (gemm_quant reads them then;
+                              bf16 ones are read by gemm_bf16act in batched rounds, unless
                               Policy(batched_bf16_gemm=False); qkv by the ingest GEMMs, fc by
                               the features GEMM)
   row-major                   every other weight
@@ -410,8 +411,9 @@ def project_rows(
 
 
 def round_splits(rt: Runtime, w: GpuTensor, m: int, cap: int, policy: Policy = DEFAULT) -> int:
-    """K splits of a batched round's bf16-activation "store" linear over m rows, at most `cap`
-    (what the round's partial buffers hold); quant_split's two partials. On the TMA tiles:
+    """K splits of a batched round's bf16-activation "store" linear over m rows: at most `cap`
+    (what the round's partial buffers hold), or QUANT_SPLIT_PARTS where quant_split takes it
+    (the pool sizes its buffers for them). On the TMA tiles:
     the most splits whose blocks still fit one wave, at least one (tools/bench_kernels.py
     --batched 256 512 --ksplits 1 2 4 on an H200, tma_128x128_s6: M = 256 qkv 1 split 30.8 us
     against 4 splits 44.7, o 2 splits 20.5 against 30.8, down 2 splits 45.5 against 54.1; at

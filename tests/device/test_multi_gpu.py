@@ -179,8 +179,8 @@ def test_every_entry_point_on_the_second_device_with_the_first_current(preset_ch
     with mallocs:
         got, where = every_call(1, ckpt)
     assert set(where.values()) == {1}, where  # every result on its engine's device
-    # nothing of engine 1's (buffers, graphs, the kernel modules, staging, temporaries) was
-    # allocated on device 0, the current one
+    # none of engine 1's CuPy allocations (buffers, temporaries) was made on device 0, the
+    # current one
     assert mallocs.devices == {1}, mallocs.devices
     want, where0 = every_call(0, ckpt)
     assert set(where0.values()) == {0}, where0

@@ -311,7 +311,7 @@ def _quant_gemm_drafter(e, path, precision):
     policy = linear.Policy(batched_quant_gemm=True)
     d = DflashDraft.load(e, path, precision, policy=policy)
     if linear.batched_choice(e, d.layers[0].o, 64, 2, policy).kernel != "quant_split":
-        pytest.skip(f"gemm_quant's tile does not run on {e.caps.arch} (needs tensor maps)")
+        pytest.skip(f"quant_split is not chosen on {e.caps.arch} (tensor maps, K, shared memory)")
     return d
 
 
@@ -358,6 +358,36 @@ def test_batched_quant_gemm_equals_single_rounds_to_rounding(
             )
     assert len(silu) >= len(d.layers)  # gate_up's partials through silu_mul_split
     print(f"{name} {precision}: batched_quant_gemm vs single rounds, worst rel {worst:.2e}")
+
+
+def test_batched_quant_gemm_sizes_the_pool_it_needs(engine, tmp_path, rng):
+    """A pool of one sequence whose block alone is 64 rows takes quant_split (its buffers hold
+    the two partials and gate_up's), and equals its single round to rounding; a pool whose
+    linears never take it (the default policy) allocates none of that."""
+    from pydflash import DflashDraft
+
+    e = engine
+    path = make_checkpoint(tmp_path / "b64", "tiny", seed=25, overrides={"block_size": 64})
+    d = _quant_gemm_drafter(e, path, "q8_0")
+    c, b = d.cfg, d.cfg.block_size
+    pool, kv = d.new_batch_kv(e, 1, 200), d.new_kv(e, 200)
+    slot = pool.add()
+    feats = rng.standard_normal((50, c.hidden)).astype(np.float32)
+    pos = np.arange(50, dtype=np.int32)
+    d.ingest_batch(e, pool, [slot], cp.asarray(feats), pos, [50])
+    d.ingest_ctx(e, kv, cp.asarray(feats), pos, 50)
+    noise = (rng.standard_normal((1, b, c.hidden)) * 0.5).astype(np.float32)
+    block = np.arange(50, 50 + b, dtype=np.int32)[None]
+    fast = d.forward_round_batch(e, pool, [slot], cp.asarray(noise), block, activations="bf16")
+    rounds = d._pool_rounds(e, pool)
+    assert rounds.quant_split and rounds.buf.ff_part is not None
+    want = cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise[0]), block[0]))
+    assert rel(cp.asnumpy(fast)[0], want) < BF16_ACTIVATIONS
+    plain = DflashDraft.load(e, path, "q8_0")
+    pool2 = plain.new_batch_kv(e, 1, 200)
+    pool2.add()
+    rounds2 = plain._pool_rounds(e, pool2)
+    assert not rounds2.quant_split and rounds2.buf.ff_part is None
 
 
 @pytest.mark.scale
