@@ -166,6 +166,12 @@ if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
       echo "${tool}_$p $tool $p 40 --precision f32 bf16 q8_0 q4_0 mixed" >> "$OUT/sanitize_jobs.txt"
     done
   done
+  # the batched part with the quant linears on gemm_quant's tile (Policy(batched_quant_gemm))
+  for tool in memcheck racecheck initcheck; do
+    for p in tiny tiny-dflash2; do
+      echo "${tool}_${p}_quant_gemm $tool $p 40 --precision q8_0 q4_0 mixed --parts batch --batch-activations bf16 --batched-quant-gemm --batch-seqs 8" >> "$OUT/sanitize_jobs.txt"
+    done
+  done
   for prec in f32 bf16 q8_0 q4_0 mixed; do
     echo "memcheck_qwen3-8b-b16_$prec memcheck qwen3-8b-b16 300 --precision $prec" >> "$OUT/sanitize_jobs.txt"
   done

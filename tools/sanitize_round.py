@@ -1,7 +1,8 @@
 """Every kind of drafter call once, small enough to run under compute-sanitizer: per precision
 ctx_features + ingest_ctx (one call, and 8 rows a call: replayed), forward_round (eager, then
 captured and replayed), forward_block, propose (greedy and sampled, replayed), commit
-(replayed), and a batched round of 3 sequences (exact and bf16 activations, replayed), each
+(replayed), and a batched round of 3 sequences (`--batch-seqs`; exact and bf16 activations,
+replayed; `--batched-quant-gemm` loads with that Policy), each
 checked against the NumPy reference so a run that "passes" the sanitizer also computed the
 right thing (propose is run and its tokens printed: the GPU tests compare them). `--parts
 round propose commit batch` picks some of them (round, propose and commit share one KV
@@ -67,6 +68,11 @@ def draft_tables(c: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarr
     return table, lm, int(rng.integers(vocab))
 
 
+def batch_offsets(n: int) -> list[int]:
+    """How many ctx rows fewer than --ctx each of the batched part's n sequences holds."""
+    return [0, 5, 9, *(9 + 4 * j for j in range(1, n - 2))][:n]
+
+
 PARTS = ("round", "propose", "commit", "batch")  # run apart or together
 BATCH_ACTIVATIONS = ("f32", "bf16")  # the batched part's modes, also run apart for slow tools
 
@@ -77,6 +83,8 @@ def check(
     ctx: int,
     parts: tuple[str, ...] = PARTS,
     batch_activations: tuple[str, ...] = BATCH_ACTIVATIONS,
+    batched_quant_gemm: bool = False,
+    batch_seqs: int = 3,
 ) -> list[str]:
     import cupy as cp
 
@@ -85,7 +93,10 @@ def check(
     from pydflash.reference.state import ReferenceKv
 
     e = Engine(0)
-    d = DflashDraft.load(e, ckpt, precision, progress=None)
+    from pydflash import linear
+
+    policy = linear.Policy(batched_quant_gemm=batched_quant_gemm)
+    d = DflashDraft.load(e, ckpt, precision, progress=None, policy=policy)
     c, b = d.cfg, d.cfg.block_size
     ref = ReferenceDraft(c, d.reference_weights(), np.float64, d.kv_dtype)
     rng = np.random.default_rng(7)
@@ -160,9 +171,9 @@ def check(
         e.synchronize()
         say("done")
         return bad
-    pool = d.new_batch_kv(e, 3, ctx + 2 * b)
-    slots = [pool.add() for _ in range(3)]
-    counts = [ctx, ctx - 5, ctx - 9]
+    pool = d.new_batch_kv(e, batch_seqs, ctx + 2 * b)
+    slots = [pool.add() for _ in range(batch_seqs)]
+    counts = [ctx - off for off in batch_offsets(batch_seqs)]
     stacked = np.concatenate([taps[:n] for n in counts])
     d.ingest_batch(
         e,
@@ -173,7 +184,7 @@ def check(
         counts,
     )
     blocks = np.stack([np.arange(n, n + b) for n in counts])
-    noises = cp.asarray(np.stack([noise] * 3))
+    noises = cp.asarray(np.stack([noise] * batch_seqs))
     for activations in batch_activations:
         for call in range(2):  # captured, then replayed
             out = d.forward_round_batch(e, pool, slots, noises, blocks, activations=activations)
@@ -214,12 +225,36 @@ def main(argv: list[str] | None = None) -> int:
         choices=BATCH_ACTIVATIONS,
         help="the batched part's activation modes (default both; racecheck runs them apart)",
     )
+    ap.add_argument(
+        "--batched-quant-gemm",
+        action="store_true",
+        help="load with Policy(batched_quant_gemm=True): the batched part's q8_0 / q4_0 linears "
+        "on gemm_quant's tile",
+    )
+    ap.add_argument(
+        "--batch-seqs",
+        type=int,
+        default=3,
+        help="the batched part's sequences (default 3; 8 of a block of 8 make the 64 rows "
+        "the GEMM paths start at)",
+    )
     args = ap.parse_args(argv)
-    if not 10 <= args.ctx <= 1 << 16:  # the batched part ingests ctx - 9 rows
+    if not 2 <= args.batch_seqs <= 64:
+        ap.error(f"--batch-seqs must be in [2, 64], found {args.batch_seqs}")
+    fewest = batch_offsets(args.batch_seqs)[-1]  # the last sequence holds ctx - fewest rows
+    if args.ctx <= fewest:
+        ap.error(f"--ctx must exceed {fewest} for {args.batch_seqs} sequences")
+    if not 10 <= args.ctx <= 1 << 16:  # the batched part's third sequence holds ctx - 9 rows
         ap.error(f"--ctx must be in [10, {1 << 16}], found {args.ctx}")
     parts = tuple(args.parts)
     modes = tuple(args.batch_activations)
-    bad = [line for p in args.precision for line in check(p, args.ckpt, args.ctx, parts, modes)]
+    bad = [
+        line
+        for p in args.precision
+        for line in check(
+            p, args.ckpt, args.ctx, parts, modes, args.batched_quant_gemm, args.batch_seqs
+        )
+    ]
     for line in bad:
         print(f"DIFFERS: {line}", file=sys.stderr)
     print(
