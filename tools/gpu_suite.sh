@@ -169,7 +169,8 @@ if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
   # the batched part with the quant linears on gemm_quant's tile (Policy(batched_quant_gemm))
   for tool in memcheck racecheck initcheck; do
     for p in tiny tiny-dflash2; do
-      echo "${tool}_${p}_quant_gemm $tool $p 40 --precision q8_0 q4_0 mixed --parts batch --batch-activations bf16 --batched-quant-gemm --batch-seqs 8" >> "$OUT/sanitize_jobs.txt"
+      # 16 sequences: 64 rows or more at tiny-dflash2's block of 4 (where quant_split starts)
+      echo "${tool}_${p}_quant_gemm $tool $p 80 --precision q8_0 q4_0 mixed --parts batch --batch-activations bf16 --batched-quant-gemm --batch-seqs 16" >> "$OUT/sanitize_jobs.txt"
     done
   done
   for prec in f32 bf16 q8_0 q4_0 mixed; do

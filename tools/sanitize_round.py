@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-seqs",
         type=int,
         default=3,
-        help="the batched part's sequences (default 3; 8 of a block of 8 make the 64 rows "
-        "the GEMM paths start at)",
+        help="the batched part's sequences (default 3; B x block_size >= 64 rows reach the "
+        "batched GEMM paths)",
     )
     args = ap.parse_args(argv)
     if not 2 <= args.batch_seqs <= 64:
