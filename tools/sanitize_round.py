@@ -239,13 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         "batched GEMM paths)",
     )
     args = ap.parse_args(argv)
+    if not 10 <= args.ctx <= 1 << 16:  # the batched part's third sequence holds ctx - 9 rows
+        ap.error(f"--ctx must be in [10, {1 << 16}], found {args.ctx}")
     if not 2 <= args.batch_seqs <= 64:
         ap.error(f"--batch-seqs must be in [2, 64], found {args.batch_seqs}")
     fewest = batch_offsets(args.batch_seqs)[-1]  # the last sequence holds ctx - fewest rows
     if args.ctx <= fewest:
         ap.error(f"--ctx must exceed {fewest} for {args.batch_seqs} sequences")
-    if not 10 <= args.ctx <= 1 << 16:  # the batched part's third sequence holds ctx - 9 rows
-        ap.error(f"--ctx must be in [10, {1 << 16}], found {args.ctx}")
     parts = tuple(args.parts)
     modes = tuple(args.batch_activations)
     bad = [

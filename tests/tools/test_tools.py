@@ -266,6 +266,10 @@ def test_sanitize_round_commits_have_their_taps(ctx):
     [
         (["--ctx", "9"], "--ctx must be in [10, 65536], found 9"),
         (["--parts", "round", "verify"], "invalid choice: 'verify'"),
+        (["--batch-seqs", "1"], "--batch-seqs must be in [2, 64], found 1"),
+        (["--batch-seqs", "65"], "--batch-seqs must be in [2, 64], found 65"),
+        (["--batch-seqs", "16", "--ctx", "61"], "--ctx must exceed 61 for 16 sequences"),
+        (["--batch-activations", "fp8"], "invalid choice: 'fp8'"),
     ],
 )
 def test_sanitize_round_refuses_a_ctx_its_batch_cannot_ingest_and_unknown_parts(
@@ -308,3 +312,15 @@ def test_bench_round_refuses_row_major_with_batch(capsys):
         bench_round.main(["--ckpt", "x", "--row-major", "--batch", "4"])
     assert exc.value.code == 2
     assert "--row-major times single rounds: not with --batch" in capsys.readouterr().err
+
+
+def test_sanitize_round_batch_offsets_keep_the_three_sequence_part_and_grow_by_four():
+    """The batched part's sequences hold ctx - offset rows: 0, 5, 9 as the three-sequence part
+    always did, then 4 fewer each (distinct lens, every one ragged against the others)."""
+    from tools import sanitize_round
+
+    assert sanitize_round.batch_offsets(2) == [0, 5]
+    assert sanitize_round.batch_offsets(3) == [0, 5, 9]
+    sixteen = sanitize_round.batch_offsets(16)
+    assert len(sixteen) == 16 and sixteen[:3] == [0, 5, 9] and sixteen[-1] == 61
+    assert all(b - a == 4 for a, b in zip(sixteen[2:], sixteen[3:]))
