@@ -172,22 +172,9 @@ def test_float32_bounds_refuse_huge_numbers_without_an_overflow_warning(huge):
     # the bounds are Python floats: a compare against NumPy's float32 max cast the argument to
     # float32 first and warned of an overflow on the way to refusing it
     from pydflash.checks import FROM_CONFIG, draft_scales, embed_scale, logit_softcap
+    from tests.model.test_bounds import base
 
-    cfg = DflashCfg.from_dict(
-        {
-            "hidden_size": 64,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "rope_theta": 10000.0,
-            "block_size": 8,
-            "vocab_size": 256,
-            "mask_token_id": 255,
-            "target_layer_ids": [1, 3],
-        }
-    )
+    cfg = DflashCfg.from_dict(base())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(ShapeError, match="logit_softcap"):

@@ -7,22 +7,9 @@ import types
 
 from pydflash import DflashCfg
 from pydflash.draft import buffers
+from tests.model.test_bounds import base
 
-CFG = DflashCfg.from_dict(
-    {
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "rope_theta": 10000.0,
-        "block_size": 8,
-        "vocab_size": 256,
-        "mask_token_id": 255,
-        "target_layer_ids": [1, 3],
-    }
-)
+CFG = DflashCfg.from_dict(base())  # the small geometry the bounds tests use
 
 
 def layer():
