@@ -62,8 +62,8 @@ class BatchRound:
             # gate_up wrote only ff_b: down must read it (the MLP's two weights share a format
             # and the rows, so this cannot happen with pydflash.draft.weights' precisions)
             raise DeviceError(f"down ({w.fmt}) cannot read the bf16 ff gate_up ({m} rows) wrote")
-        if self.scratch is not None and choice.kernel == "quant_split":
-            self._project_quant(e, w, x, m, out, epilogue, ksplit, split_stride)
+        if self.scratch is not None and choice.kernel == "quant_bf16act":
+            self._project_quant(e, w, x, m, out, epilogue, ksplit)
             return
         if self.scratch is not None and takes and choice.tile is not None:
             copies = {id(self.buf.xn): self.xn_b, id(self.buf.attn): self.attn_b}
@@ -90,31 +90,24 @@ class BatchRound:
             linear.project(e, w, x, m, out, epilogue, ksplit=ksplit, split_stride=split_stride)
 
     def _project_quant(
-        self,
-        e: Engine,
-        w: Any,
-        x: Any,
-        m: int,
-        out: Any,
-        epilogue: str,
-        ksplit: int,
-        split_stride: int,
+        self, e: Engine, w: Any, x: Any, m: int, out: Any, epilogue: str, ksplit: int
     ) -> None:
-        """A q8_0 / q4_0 linear on gemm_quant's tile (Policy.batched_quant_gemm): "store" as
-        its hi and lo partials m rows apart (the consumer adds the round's ks = 2 partials),
-        "silu_mul" through buf.ff_part, then the partials' silu_mul into out."""
+        """A q8_0 / q4_0 linear on gemm_quant's tile over the rounded rows
+        (Policy.batched_quant_gemm): "store" as the round's one partial, "silu_mul" into
+        buf.ff_part, then its silu_mul into out. The rounded copy x's producer wrote is read
+        where there is one (the norm's of xn, attention's of attn)."""
         n = w.out_features
+        rounded = {id(self.buf.xn): self.xn_b, id(self.buf.attn): self.attn_b}.get(id(x))
         if epilogue == "store":
-            # the pool's round sets ks = 2 for this linear and the network passes m * N
-            assert ksplit == linear.QUANT_SPLIT_PARTS and split_stride == m * n, (ksplit, m)
-            gemm_quant.project_split(e, w, x, m, out, split_stride, scratch=self.scratch)
+            assert ksplit == 1, ksplit  # the pool's round sets ks = 1 for this linear
+            gemm_quant.project(e, w, x, m, out, scratch=self.scratch, rounded=rounded)
         elif epilogue == "silu_mul":
             part = self.buf.ff_part
-            assert part is not None, "PoolRounds sizes ff_part where gate_up takes quant_split"
-            gemm_quant.project_split(e, w, x, m, part, m * n, scratch=self.scratch)
-            elementwise.silu_mul_split(e, part, m * n, linear.QUANT_SPLIT_PARTS, m, n // 2, out)
+            assert part is not None, "PoolRounds sizes ff_part where gate_up takes quant_bf16act"
+            gemm_quant.project(e, w, x, m, part, scratch=self.scratch, rounded=rounded)
+            elementwise.silu_mul_split(e, part, m * n, 1, m, n // 2, out)
         else:  # the round's linears are store or silu_mul (network.py)
-            raise AssertionError(f"quant_split: no {epilogue!r} epilogue in a batched round")
+            raise AssertionError(f"quant_bf16act: no {epilogue!r} epilogue in a batched round")
 
     def seqs(self, layer: int) -> Seqs:
         return Seqs(self.n, self.slot, self.slot_kv[layer], self.slot_kpos, int(self.state_ld))
@@ -138,24 +131,18 @@ class PoolRounds:
     ) -> None:
         self.policy = policy
         self.cap = bucket(min(pool.slots, MAX_BATCH))
-        # the linears of the largest bucket's bf16 mode that take quant_split (from 64 rows,
-        # so any bucket's that do are among them): the partial buffers, gate_up's own partials
-        # and the scratch's lo rows are sized for them only where some do
+        # whether the largest bucket's bf16 mode takes quant_bf16act for gate_up (from 64
+        # rows, so any bucket's that does is among them): its own partial buffer only then
         self.rows = self.cap * cfg.block_size  # stacked block rows of the largest bucket
 
         def takes(w: Any) -> bool:
-            return linear.batched_choice(e, w, self.rows, 1, policy).kernel == "quant_split"
+            return linear.batched_choice(e, w, self.rows, 1, policy).kernel == "quant_bf16act"
 
-        convs = [cw.proj for cw in (layer.attn_conv, layer.mlp_conv) if cw is not None]
         ff_split = takes(layer.gate_up)
-        self.quant_split = ff_split or any(
-            takes(w) for w in (layer.qkv, layer.o, layer.down, *convs)
-        )
-        parts = linear.QUANT_SPLIT_PARTS if self.quant_split else 0
-        need = RoundBuffers.nbytes(e, cfg, layer, self.cap, policy, parts, ff_split)
+        need = RoundBuffers.nbytes(e, cfg, layer, self.cap, policy, ff_split=ff_split)
         what = f"batched-round buffers for {self.cap} sequences"
         with e.allocating(need, what):
-            self.buf = RoundBuffers(e, cfg, layer, self.cap, policy, parts, ff_split)
+            self.buf = RoundBuffers(e, cfg, layer, self.cap, policy, ff_split=ff_split)
             self.ld = 1 + cfg.block_size
             self.io = e.zeros(self.cap * (self.ld + 1), np.int32)  # states | slot table
         self.k_max = max(cfg.hidden, cfg.q_dim, cfg.n_ff)  # the widest linear input
@@ -165,14 +152,14 @@ class PoolRounds:
         self.ff_b: Any = None
 
         # the bf16 mode's K splits a bucket (linear.round_splits; never above the
-        # buffers' own, which the f32 mode keeps; quant_split's two partials, which the
-        # buffers hold under that policy): qkv, o, down; DFlash2's attention and MLP convs
-        # keep the buffers' own unless quant_split takes them
+        # buffers' own, which the f32 mode keeps; one where quant_bf16act takes the linear):
+        # qkv, o, down; DFlash2's attention and MLP convs keep the buffers' own unless
+        # quant_bf16act takes them
         def conv_splits(cw: Any, cap: int, rows: int) -> int:
             if cw is None:
                 return cap
             choice = linear.batched_choice(e, cw.proj, rows, cap, policy)
-            return linear.QUANT_SPLIT_PARTS if choice.kernel == "quant_split" else cap
+            return 1 if choice.kernel == "quant_bf16act" else cap
 
         self.bf16_splits = {
             n: (
@@ -195,8 +182,6 @@ class PoolRounds:
         """The bf16-activation scratch of the largest bucket (before any state is written)."""
         if self.scratch is None:
             count = gemm_bf16act.scratch_elements(self.k_max, self.rows)
-            if self.quant_split:  # its hi and lo rows
-                count *= linear.QUANT_SPLIT_PARTS
             copies = self.buf.xn.size + self.buf.attn.size + self.buf.ff.size
             with e.allocating(2 * (count + copies), f"bf16 activations of {self.cap} sequences"):
                 # zeros: the padding sequences' rows are read, never written (RoundBuffers);

@@ -61,7 +61,7 @@ class RoundBuffers(KSplits):
     xc: Any = None  # DFlash2: the conv of xn a sublayer reads,
     conv_part: Any = None  # its kernel projection's split-K partials,
     conv_d: Any = None  # and the per-row taps of the conv after the sublayer
-    ff_part: Any = None  # a batched pool's gate_up hi / lo partials (quant_split; PoolRounds)
+    ff_part: Any = None  # a batched pool's gate_up product before its silu_mul (quant_bf16act)
 
     def __init__(
         self,
@@ -70,7 +70,6 @@ class RoundBuffers(KSplits):
         layer: DflashLayer,
         seqs: int = 1,
         policy: linear.Policy = linear.DEFAULT,
-        split_parts: int = 0,
         ff_split: bool = False,
     ) -> None:
         super().__init__(e, layer)
@@ -79,7 +78,7 @@ class RoundBuffers(KSplits):
         # a batched bucket's padding sequences are read by the norms and linears (row-wise, their
         # results dropped) and never written by attention: zeros keep them defined
         alloc = e.empty if seqs == 1 else e.zeros
-        shapes = _shapes(cfg, layer, seqs, self, hilo, split_parts, ff_split)
+        shapes = _shapes(cfg, layer, seqs, self, hilo, ff_split)
         for name, shape in shapes.items():
             setattr(self, name, alloc(shape))
         self.att = attention.Scratch(
@@ -102,7 +101,6 @@ class RoundBuffers(KSplits):
         layer: DflashLayer,
         seqs: int = 1,
         policy: linear.Policy = linear.DEFAULT,
-        split_parts: int = 0,
         ff_split: bool = False,
     ) -> int:
         """Device bytes of the buffers of `seqs` stacked blocks (checked before allocating)."""
@@ -110,7 +108,7 @@ class RoundBuffers(KSplits):
             e, cfg.n_head, cfg.n_kv, cfg.block_size, cfg.head_dim, seqs=seqs
         )
         hilo = seqs == 1 and linear.holds_hilo_scratch(e, layer.kv, policy)
-        shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo, split_parts, ff_split)
+        shapes = _shapes(cfg, layer, seqs, KSplits(e, layer), hilo, ff_split)
         xb_bytes = 2 * shapes["kv_part"][0] * INGEST_CHUNK * cfg.hidden if hilo else 0
         f32 = [*shapes.values(), o_part, ml_part]
         return 4 * sum(int(np.prod(s)) for s in f32) + xb_bytes
@@ -122,20 +120,19 @@ def _shapes(
     seqs: int,
     ks: KSplits,
     hilo: bool = False,
-    split_parts: int = 0,
     ff_split: bool = False,
 ) -> dict[str, tuple]:
     """The float32 buffers of a round over `seqs` stacked blocks, by name. A batched pool
-    whose linears may take quant_split (PoolRounds decides): split_parts, the partials every
-    partial buffer holds at least; ff_split, gate_up's partials in a buffer of their own."""
+    whose gate_up takes quant_bf16act (PoolRounds decides): ff_split, its product in a buffer
+    of its own before the silu_mul."""
     m, h = seqs * cfg.block_size, cfg.hidden
     shapes = {
         "noise": (m, h),  # the round's input, copied in
         "out": (m, h),  # the round's output
         "x": (m, h),  # the residual stream
         "xn": (m, h),  # its normed copy
-        "qkv_part": (max(ks.ks_qkv, split_parts), m, layer.qkv.out_features),
-        "x_part": (max(ks.ks_o, ks.ks_down, split_parts), m, h),
+        "qkv_part": (ks.ks_qkv, m, layer.qkv.out_features),
+        "x_part": (max(ks.ks_o, ks.ks_down), m, h),
         "q": (m, cfg.q_dim),
         "attn": (m, cfg.q_dim),
         "ff": (m, cfg.n_ff),
@@ -145,21 +142,19 @@ def _shapes(
             2 * cfg.kv_dim,
         ),
     }
-    if ff_split:  # gate_up's hi / lo products before their silu_mul
-        shapes["ff_part"] = (linear.QUANT_SPLIT_PARTS, m, layer.gate_up.out_features)
-    return shapes | _conv_shapes(cfg, layer, m, ks, split_parts)
+    if ff_split:  # gate_up's product before its silu_mul
+        shapes["ff_part"] = (m, layer.gate_up.out_features)
+    return shapes | _conv_shapes(cfg, layer, m, ks)
 
 
-def _conv_shapes(
-    cfg: DflashCfg, layer: DflashLayer, m: int, ks: KSplits, split_parts: int = 0
-) -> dict[str, tuple]:
+def _conv_shapes(cfg: DflashCfg, layer: DflashLayer, m: int, ks: KSplits) -> dict[str, tuple]:
     """A DFlash2 round's conv buffers over m rows (none for other drafters)."""
     if cfg.dflash2 is None or layer.attn_conv is None:
         return {}
     width = layer.attn_conv.proj.out_features  # 2 * k * hidden / gs
     return {
         "xc": (m, cfg.hidden),
-        "conv_part": (max(ks.ks_conv_attn, ks.ks_conv_mlp, split_parts), m, width),
+        "conv_part": (max(ks.ks_conv_attn, ks.ks_conv_mlp), m, width),
         "conv_d": (m, width // 2),
     }
 

@@ -6,7 +6,6 @@ from .decode import F32_ROWS, sample_blocks
 from .dispatch import (
     DEFAULT,
     GEMM_ROWS,
-    QUANT_SPLIT_PARTS,
     ROUND_ONLY,
     Choice,
     IngestPlan,
@@ -30,7 +29,6 @@ __all__ = [
     "DEFAULT",
     "F32_ROWS",
     "GEMM_ROWS",
-    "QUANT_SPLIT_PARTS",
     "ROUND_ONLY",
     "Choice",
     "IngestPlan",

@@ -38,10 +38,12 @@ The table, row by row (a row's reason is its H200 measurement, docs/performance.
                                                    against wgmma's 241.8, M = 1024 816.4 / 904.9
   batched_bf16 bf16, no wgmma      64 .. 128       bf16act w4_64x128_k64
   batched_bf16 bf16, no wgmma      > 128           bf16act w8_128x128_k64
-  batched_bf16 q8_0 q4_0, TMA,     >= 64 rows      quant_split (gemm_quant_tma.cu, the ingest's
-               K % 64 == 0,                        tile: hi / lo partials, the weights read once
-               Policy(batched_quant_gemm=True)     a row tile): not measured yet, so off by
-                                                   default; its weights are stored row-major
+  batched_bf16 q8_0 q4_0, TMA,     >= 64 rows      quant_bf16act (gemm_quant_tma.cu, the ingest's
+               K % 64 == 0,                        tile over the rounded rows, one partial; the
+               Policy(batched_quant_gemm=True)     weights read once a row tile): qwen3-8b B = 64
+                                                   q8_0 23.7 -> 15.8 ms with hi / lo partials;
+                                                   off by default: its weights are stored
+                                                   row-major, which slows single rounds
   batched_bf16 other, < 64 rows,                   the round's decode kernel (the exact path): at
                Policy(batched_bf16_gemm=False)     M <= 32 it streams the weights once or twice
 
@@ -101,8 +103,6 @@ WGMMA_TILES = (gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES)
 PROBE_ROWS = (1, 16, BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM_ROWS, 4096)
 # the modes a layer's o, gate_up, down and DFlash2 conv projections are read in
 ROUND_ONLY = ("round", "batched_bf16")
-# the partials of a quant_split projection (hi(x) . w^T and lo(x) . w^T)
-QUANT_SPLIT_PARTS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +142,7 @@ class Choice(NamedTuple):
     """A projection's kernel: `kernel` names the launcher, `tile` its tile where it has one."""
 
     kernel: str  # decode_v3 | decode_f32 | sample | sample_f32 | gemm | bf16act_split |
-    # quant_split | bf16act
+    # quant_split | bf16act | quant_bf16act
     tile: str | None = None
 
 
@@ -208,7 +208,7 @@ def choose(
             and k % gemm_quant.BLOCK_K == 0
             and gemm_quant.smem_bytes(fmt) <= caps.smem_per_block
         ):
-            return Choice("quant_split")
+            return Choice("quant_bf16act")
         if fmt != "bf16" or rows < BF16ACT_ROWS or not policy.batched_bf16_gemm:
             return _decode(fmt, policy)
         if caps.wgmma:
@@ -264,7 +264,7 @@ def _families_of(choice: Choice) -> tuple[Family, ...]:
         return (decode.FAMILY,)
     if kernel == "gemm":
         return (gemm.FAMILY,)
-    if kernel == "quant_split":  # the hi / lo split prepass is gemm_bf16act's
+    if kernel in ("quant_split", "quant_bf16act"):  # the prepasses are gemm_bf16act's
         return (gemm_quant.FAMILY, gemm_bf16act.FAMILY)
     tile = choice.tile
     if tile == gemm_bf16act.WGMMA_TILE:
@@ -412,16 +412,15 @@ def project_rows(
 
 def round_splits(rt: Runtime, w: GpuTensor, m: int, cap: int, policy: Policy = DEFAULT) -> int:
     """K splits of a batched round's bf16-activation "store" linear over m rows: at most `cap`
-    (what the round's partial buffers hold), or QUANT_SPLIT_PARTS where quant_split takes it
-    (the pool sizes its buffers for them). On the TMA tiles:
+    (what the round's partial buffers hold), one where quant_bf16act takes it. On the TMA tiles:
     the most splits whose blocks still fit one wave, at least one (tools/bench_kernels.py
     --batched 256 512 --ksplits 1 2 4 on an H200, tma_128x128_s6: M = 256 qkv 1 split 30.8 us
     against 4 splits 44.7, o 2 splits 20.5 against 30.8, down 2 splits 45.5 against 54.1; at
     M = 512 one split each); `cap` elsewhere (the tiles the splits were tuned on)."""
     k = w.in_features
     choice = choose("batched_bf16", w.fmt, m, rt.caps, k=k, ksplit=cap, policy=policy)
-    if choice.kernel == "quant_split":  # its hi and lo partials (the buffers hold >= 2)
-        return QUANT_SPLIT_PARTS
+    if choice.kernel == "quant_bf16act":  # one launch, one partial
+        return 1
     if choice.kernel != "bf16act" or choice.tile not in gemm_bf16act.TMA_TILES:
         return cap
     bm, bn, _, smem = gemm_bf16act.tile_shape(choice.tile)

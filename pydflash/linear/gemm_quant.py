@@ -2,7 +2,9 @@
 quantized counterpart of gemm_bf16act.project_split: two partials the consumer adds,
 hi(x) . w^T and lo(x) . w^T, where each 32-wide K block's integer quants go through the tensor
 cores exactly and the block's f16 scale is applied to its sums (gemm.cu's scheme and accuracy
-class: ~16-bit activations, exact products, f32 accumulation).
+class: ~16-bit activations, exact products, f32 accumulation). `project` is the same tile over
+round_bf16(x) alone, one partial: a batched round's bf16-activation mode
+(Policy.batched_quant_gemm).
 
 The weights are wgmma's A operand from registers (each thread turns its quants into bf16), the
 activations the B operand (TMA boxes of the bf16 hi/lo scratch). Where ingest takes it is
@@ -55,6 +57,47 @@ def smem_bytes(fmt: str) -> int:
     return STAGES * (BLOCK_R * 128 + tile_bytes(fmt)) + 1024
 
 
+def project(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    out: Any,
+    *,
+    scratch: Any,
+    rounded: Any = None,
+) -> None:
+    """out = round_bf16(x[:m]) . w^T, one partial (a batched round's bf16-activation mode,
+    gemm_bf16act.project's rounding: the quants and their scales used unchanged, so only the
+    activations are rounded). x: float32 [>= m, K] rows; out: contiguous float32 of >= m * N
+    elements; scratch: uint16, >= m * K elements, 16-byte aligned. rounded: round_bf16(x)
+    already written by x's producer (uint16 [>= m, K], contiguous rows, 16-byte aligned): read
+    instead, the rounding pass skipped."""
+    n, k = w.out_features, w.in_features
+    ldx = _check(rt, w, x, m, scratch, m * k)
+    problems = []
+    if getattr(out, "dtype", None) != np.float32 or out.size < m * n or not out.flags.c_contiguous:
+        problems.append(f"out: expected contiguous float32 of >= {m * n} elements")
+    if rounded is not None and (
+        getattr(rounded, "dtype", None) != np.uint16
+        or rounded.ndim != 2
+        or rounded.shape[0] < m
+        or rounded.shape[1] != k
+        or rounded.strides[0] != 2 * k
+        or rounded.data.ptr % 16
+    ):
+        problems.append(
+            f"rounded: expected a 16-byte-aligned uint16 [>= {m}, {k}] with contiguous rows"
+        )
+    if problems:
+        raise ShapeError("; ".join(problems))
+    if m == 0:
+        return
+    if rounded is None:
+        gemm_bf16act.launch_prepass(rt, gemm_bf16act.ROUND, x, ldx, m, k, Xb=scratch)
+    _launch(rt, w, scratch if rounded is None else rounded, m, out)
+
+
 def project_split(
     rt: Runtime,
     w: GpuTensor,
@@ -74,10 +117,33 @@ def project_split(
     there and never read). x: float32 [>= m, K] rows; out: contiguous float32 of >=
     split_stride + m * N elements; scratch: uint16, >= (P + m) * K elements, 16-byte aligned."""
     n, k = w.out_features, w.in_features
+    rows = split_stride // n if n else 0
+    problems = [p for p in split_problems(n, m, split_stride, out) if p]
+    ldx = _check(rt, w, x, m, scratch, (rows + m) * k, problems)
+    if m == 0:
+        return
+    hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
+    if split:
+        gemm_bf16act.launch_prepass(rt, gemm_bf16act.SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
+    _launch(rt, w, scratch, rows + m, out.reshape(-1))
+
+
+def _check(
+    rt: Runtime,
+    w: GpuTensor,
+    x: Any,
+    m: int,
+    scratch: Any,
+    scratch_min: int,
+    problems: list[str] | None = None,
+) -> int:
+    """Every refusal of a call (with `problems` the caller found), before anything is queued;
+    returns x's row stride."""
+    n, k = w.out_features, w.in_features
+    problems = list(problems or [])
     require_row_major(w, "gemm_quant")
     ldx = checked_row_stride(x, "x", m, k)
-    problems = []
-    if ldx % 4 or x.data.ptr % 16:  # split_bf16 reads float4s
+    if ldx % 4 or x.data.ptr % 16:  # the prepasses read float4s
         problems.append(f"x: rows must be 16-byte aligned (pointer, row stride {ldx} floats)")
     if w.fmt not in FORMATS:
         problems.append(f"w: gemm_quant takes {' / '.join(FORMATS)} weights, found {w.fmt}")
@@ -94,19 +160,17 @@ def project_split(
         problems.append("w: no output rows")
     if k % BLOCK_K:
         problems.append(f"w: in_features {k} must be a multiple of {BLOCK_K}")
-    rows = split_stride // n if n else 0
-    problems += [p for p in split_problems(n, m, split_stride, out) if p]
     if (
         getattr(scratch, "dtype", None) != np.uint16
-        or scratch.size < (rows + m) * k
+        or scratch.size < scratch_min
         or scratch.data.ptr % 16
     ):
         problems.append(
-            f"scratch: expected a 16-byte aligned uint16 device array of >= {(rows + m) * k} "
-            "elements"
+            f"scratch: expected a 16-byte aligned uint16 device array of >= {scratch_min} elements"
         )
-    if -(-n // BLOCK_N) > MAX_GRID_X or -(-(rows + m) // BLOCK_R) > MAX_GRID_Y:
-        problems.append(f"gemm_quant: {rows + m} x {n} outputs exceed one launch's grid")
+    rows = scratch_min // k if k else 0
+    if -(-n // BLOCK_N) > MAX_GRID_X or -(-rows // BLOCK_R) > MAX_GRID_Y:
+        problems.append(f"gemm_quant: {rows} x {n} outputs exceed one launch's grid")
     if problems:
         raise ShapeError("; ".join(problems))
     if not rt.caps.tma:  # wgmma with the driver's tensor maps
@@ -116,12 +180,12 @@ def project_split(
             f"gemm_quant {w.fmt}: needs {smem_bytes(w.fmt)} bytes of shared memory per block, "
             f"the device offers {rt.smem_per_block}"
         )
-    if m == 0:
-        return
-    hi, lo = scratch[: m * k], scratch[rows * k : (rows + m) * k]
-    if split:
-        gemm_bf16act.launch_prepass(rt, gemm_bf16act.SPLIT, x, ldx, m, k, Xhi=hi, Xlo=lo)
-    total = rows + m
+    return ldx
+
+
+def _launch(rt: Runtime, w: GpuTensor, xb: Any, total: int, out: Any) -> None:
+    """The tile over `total` bf16 rows of xb into out's rows (checked by _check)."""
+    n, k = w.out_features, w.in_features
     box_cols = tile_bytes(w.fmt) // BLOCK_N  # quant bytes of a row a K tile
     quant_cols = k // BLOCK_K * box_cols  # bytes of a row of quants
     rt.launch(
@@ -130,7 +194,7 @@ def project_split(
         THREADS,
         smem_bytes(w.fmt),
         wmap=tensormap.u8_rows(w.data.data.ptr, n, quant_cols, BLOCK_N, box_cols),
-        xmap=tensormap.bf16_rows(scratch.data.ptr, total, k, BLOCK_R),
+        xmap=tensormap.bf16_rows(xb.data.ptr, total, k, BLOCK_R),
         scales=w.scales,
         lds=w.scales.strides[0] // 2,
         Y=out.reshape(-1),

@@ -310,8 +310,8 @@ def _quant_gemm_drafter(e, path, precision):
 
     policy = linear.Policy(batched_quant_gemm=True)
     d = DflashDraft.load(e, path, precision, policy=policy)
-    if linear.batched_choice(e, d.layers[0].o, 64, 2, policy).kernel != "quant_split":
-        pytest.skip(f"quant_split is not chosen on {e.caps.arch} (tensor maps, K, shared memory)")
+    if linear.batched_choice(e, d.layers[0].o, 64, 1, policy).kernel != "quant_bf16act":
+        pytest.skip(f"quant_bf16act is not chosen on {e.caps.arch} (tensor maps, K, shared memory)")
     return d
 
 
@@ -321,7 +321,7 @@ def test_batched_quant_gemm_equals_single_rounds_to_rounding(
     engine, ckpts, rng, monkeypatch, name, precision
 ):
     """Policy(batched_quant_gemm=True): a bf16-activation round of enough sequences that the
-    q8_0 / q4_0 linears take gemm_quant's tile (hi / lo partials, gate_up through
+    q8_0 / q4_0 linears take gemm_quant's tile over the rounded rows (gate_up through
     silu_mul_split) equals the exact single rounds to the mode's rounding; the exact batched
     round of the same drafter (decode linear, row-major weights) stays bit for bit. The
     launchers are wrapped (calling through) to see that every linear of a layer took it."""
@@ -331,20 +331,20 @@ def test_batched_quant_gemm_equals_single_rounds_to_rounding(
     e = engine
     d = _quant_gemm_drafter(e, ckpts[name], precision)
     seen, silu = set(), []
-    project_split, silu_mul_split = (
-        batch_round.gemm_quant.project_split,
-        (batch_round.elementwise.silu_mul_split),
+    project, silu_mul_split = (
+        batch_round.gemm_quant.project,
+        batch_round.elementwise.silu_mul_split,
     )
 
     def spy_project(rt, w, *args, **kw):
         seen.add(id(w))
-        return project_split(rt, w, *args, **kw)
+        return project(rt, w, *args, **kw)
 
     def spy_silu(*args, **kw):
         silu.append(1)
         return silu_mul_split(*args, **kw)
 
-    monkeypatch.setattr(batch_round.gemm_quant, "project_split", spy_project)
+    monkeypatch.setattr(batch_round.gemm_quant, "project", spy_project)
     monkeypatch.setattr(batch_round.elementwise, "silu_mul_split", spy_silu)
     n = -(-BF16ACT_ROWS // d.cfg.block_size) + 3
     lens = [int(t) for t in rng.integers(0, 200, n)]
@@ -356,14 +356,14 @@ def test_batched_quant_gemm_equals_single_rounds_to_rounding(
             assert id(w) in seen, (
                 f"a {w.out_features} x {w.in_features} linear kept the decode kernel"
             )
-    assert len(silu) >= len(d.layers)  # gate_up's partials through silu_mul_split
+    assert len(silu) >= len(d.layers)  # gate_up's product through silu_mul_split
     print(f"{name} {precision}: batched_quant_gemm vs single rounds, worst rel {worst:.2e}")
 
 
 def test_batched_quant_gemm_sizes_the_pool_it_needs(engine, tmp_path, rng):
-    """A pool of one sequence whose block alone is 64 rows takes quant_split (its buffers hold
-    the two partials and gate_up's), and equals its single round to rounding; a pool whose
-    linears never take it (the default policy) allocates none of that."""
+    """A pool of one sequence whose block alone is 64 rows takes quant_bf16act (its buffers
+    hold gate_up's product), and equals its single round to rounding; a pool whose linears
+    never take it (the default policy) allocates no such buffer."""
     from pydflash import DflashDraft
 
     e = engine
@@ -380,14 +380,15 @@ def test_batched_quant_gemm_sizes_the_pool_it_needs(engine, tmp_path, rng):
     block = np.arange(50, 50 + b, dtype=np.int32)[None]
     fast = d.forward_round_batch(e, pool, [slot], cp.asarray(noise), block, activations="bf16")
     rounds = d._pool_rounds(e, pool)
-    assert rounds.quant_split and rounds.buf.ff_part is not None
+    assert rounds.buf.ff_part is not None
+    assert rounds.buf.ff_part.shape == (b, d.layers[0].gate_up.out_features)
     want = cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise[0]), block[0]))
     assert rel(cp.asnumpy(fast)[0], want) < BF16_ACTIVATIONS
     plain = DflashDraft.load(e, path, "q8_0")
     pool2 = plain.new_batch_kv(e, 1, 200)
     pool2.add()
     rounds2 = plain._pool_rounds(e, pool2)
-    assert not rounds2.quant_split and rounds2.buf.ff_part is None
+    assert rounds2.buf.ff_part is None
 
 
 @pytest.mark.scale

@@ -1,7 +1,6 @@
 """RoundBuffers' shapes on the CPU (host stand-ins for the layer's weights and split factors):
-a batched pool some of whose linears take quant_split (Policy(batched_quant_gemm=True); the
-pool's PoolRounds decides) holds its two partials in every partial buffer and, where gate_up
-takes it, gate_up's partials in one of their own; nothing changes otherwise."""
+a batched pool whose gate_up takes quant_bf16act (Policy(batched_quant_gemm=True); the pool's
+PoolRounds decides) holds gate_up's product in a buffer of its own; nothing else changes."""
 
 import types
 
@@ -24,19 +23,15 @@ def ks(**kw):
     return types.SimpleNamespace(**(base | kw))
 
 
-def test_quant_split_partials_fit_the_buffers():
+def test_gate_up_on_quant_bf16act_has_its_own_buffer():
     m = 4 * CFG.block_size
     plain = buffers._shapes(CFG, layer(), 4, ks())
     assert plain["qkv_part"][0] == plain["x_part"][0] == 1 and "ff_part" not in plain
-    split = buffers._shapes(CFG, layer(), 4, ks(), split_parts=2, ff_split=True)
-    assert split["qkv_part"] == (2, m, CFG.q_dim + 2 * CFG.kv_dim)
-    assert split["x_part"] == (2, m, CFG.hidden)
-    assert split["ff_part"] == (2, m, 2 * CFG.n_ff)
-    # the decode plan's own splits, where more, are kept
-    more = buffers._shapes(CFG, layer(), 4, ks(ks_qkv=3, ks_down=4), split_parts=2)
+    split = buffers._shapes(CFG, layer(), 4, ks(), ff_split=True)
+    assert split["ff_part"] == (m, 2 * CFG.n_ff)  # one partial: the tile's one launch
+    # the decode plan's own splits are kept
+    more = buffers._shapes(CFG, layer(), 4, ks(ks_qkv=3, ks_down=4))
     assert more["qkv_part"][0] == 3 and more["x_part"][0] == 4
     assert "ff_part" not in more  # gate_up on the decode linear: no buffer of its own
     # every other buffer is the same
-    assert {k: v for k, v in split.items() if k not in ("qkv_part", "x_part", "ff_part")} == {
-        k: v for k, v in plain.items() if k not in ("qkv_part", "x_part")
-    }
+    assert {k: v for k, v in split.items() if k != "ff_part"} == plain

@@ -249,8 +249,8 @@ def test_policy_flags_are_bools(name, value):
 @pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
 def test_batched_quant_gemm_takes_gemm_quant_from_64_rows_where_tma_does(caps):
     """Policy(batched_quant_gemm=True): a batched bf16-activation round's q8_0 / q4_0 linears
-    take gemm_quant's tile (quant_split, two partials) from BF16ACT_ROWS rows where it runs
-    (tensor maps, K a multiple of 64), so their round-only weights are stored row-major; the
+    take gemm_quant's tile over the rounded rows (quant_bf16act) from BF16ACT_ROWS rows where
+    it runs (tensor maps, K a multiple of 64), so their round-only weights are stored row-major; the
     default keeps the decode linear and the tiled layout, and bf16 / f32 do not move."""
     on = dispatch.Policy(batched_quant_gemm=True)
     runs = caps.tma  # wgmma with tensor maps: sm_90 (not NO_TMA; an unknown arch has neither)
@@ -258,7 +258,7 @@ def test_batched_quant_gemm_takes_gemm_quant_from_64_rows_where_tma_does(caps):
         for rows in (1, 16, 63):
             assert kernel("batched_bf16", fmt, rows, caps, policy=on).kernel == "decode_v3"
         for rows in (64, 65, 256, 1024):
-            want = "quant_split" if runs else "decode_v3"
+            want = "quant_bf16act" if runs else "decode_v3"
             assert kernel("batched_bf16", fmt, rows, caps, policy=on).kernel == want
             assert kernel("batched_bf16", fmt, rows, caps).kernel == "decode_v3"  # default
         # K not a multiple of the tile's 64: the decode linear
@@ -280,11 +280,11 @@ def test_batched_quant_gemm_takes_gemm_quant_from_64_rows_where_tma_does(caps):
             )
 
 
-def test_round_splits_of_quant_split_are_its_two_partials():
+def test_round_splits_of_quant_bf16act_are_one_partial():
     rt = types.SimpleNamespace(caps=H200)
     on = dispatch.Policy(batched_quant_gemm=True)
     w = types.SimpleNamespace(fmt="q4_0", out_features=4096, in_features=4096)
-    assert linear.round_splits(rt, w, 256, 4, on) == linear.QUANT_SPLIT_PARTS == 2
-    assert linear.round_splits(rt, w, 256, 1, on) == 2  # the pool's buffers hold two (buffers)
+    assert linear.round_splits(rt, w, 256, 4, on) == 1  # one launch over the rounded rows
+    assert linear.round_splits(rt, w, 1024, 1, on) == 1
     assert linear.round_splits(rt, w, 256, 4) == 4  # default: the decode linear's own
     assert linear.round_splits(rt, w, 32, 4, on) == 4  # below 64 rows: the decode linear

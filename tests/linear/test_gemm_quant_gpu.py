@@ -72,6 +72,65 @@ def test_split_partials_are_the_hi_and_lo_products(sm90, rng, fmt, m, n, k):
     assert err < 1e-5
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize(
+    "m,n,k", [(64, 128, 64), (256, 2048, 4096), (129, 136, 1088), (1000, 8, 192)]
+)
+def test_project_is_the_rounded_rows_product(sm90, rng, fmt, m, n, k):
+    """project: out = round_bf16(x) . w^T, one partial within f32 summation rounding of the
+    float64 product of the rounded rows and the GGML values; `rounded=` (the producer's bf16
+    copy) gives the same bits as the rounding pass; nothing written past m rows."""
+    from pydflash.linear import gemm_quant
+
+    e = sm90
+    w, wd = weight(e, rng, n, k, fmt)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, :] *= 1e3
+    out = cp.full((m * n + 9,), np.nan, np.float32)
+    scratch = cp.zeros(m * k + 64, np.uint16)
+    xd = cp.asarray(x)
+    gemm_quant.project(e, w, xd, m, out, scratch=scratch)
+    got = cp.asnumpy(out)  # as a user reads it: CuPy's stream, no explicit synchronisation
+    assert np.isnan(got[m * n :]).all(), "wrote past m rows"
+    xs = bf16(x)
+    ref = xs @ wd.T
+    scale = np.abs(xs) @ np.abs(wd).T
+    bound = (k / 8 + 64) * 2.0**-23 * scale + 1e-30
+    bad = ~(np.abs(got[: m * n].reshape(m, n) - ref) <= bound)
+    assert not bad.any(), f"{bad.sum()} out of bound, first {np.argwhere(bad)[0]}"
+    rounded = cp.asarray(xs.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16))
+    del xd  # freed right after the call
+    again = cp.full_like(out, np.nan)
+    gemm_quant.project(e, w, cp.asarray(x), m, again, scratch=scratch, rounded=rounded)
+    np.testing.assert_array_equal(cp.asnumpy(again), got)
+
+
+def test_project_refusals_leave_the_output_untouched(sm90, rng):
+    from pydflash.linear import gemm_quant
+
+    e = sm90
+    w, _ = weight(e, rng, 64, 128, "q4_0")
+    x = cp.asarray(rng.standard_normal((16, 128)).astype(np.float32))
+    out = cp.full((16 * 64,), np.nan, np.float32)
+    strided = cp.full((16, 128), np.nan, np.float32)[:, :64]
+    scratch = cp.zeros(16 * 128, np.uint16)
+    bad = [
+        (dict(out=out[:100]), "out:"),
+        (dict(out=strided), "out:"),
+        (dict(scratch=scratch[:100]), "scratch:"),
+        (dict(rounded=cp.zeros((16, 64), np.uint16)), "rounded:"),
+        (dict(rounded=cp.zeros((8, 128), np.uint16)), "rounded:"),
+        (dict(x=x[:, :64]), "x:"),
+    ]
+    for change, match in bad:
+        args = dict(x=x, out=out, scratch=scratch, rounded=None) | change
+        with pytest.raises(ShapeError, match=match):
+            gemm_quant.project(
+                e, w, args["x"], 16, args["out"], scratch=args["scratch"], rounded=args["rounded"]
+            )
+    assert np.isnan(cp.asnumpy(out)).all() and np.isnan(cp.asnumpy(strided)).all()
+
+
 def test_refusals_leave_the_output_untouched(sm90, rng):
     from pydflash.linear import gemm_quant
 
