@@ -14,21 +14,25 @@
 //   64 int8, or 32 bytes of q4_0 nibbles; swizzled across the row, qt_row_key) by
 //   cp.async.bulk.tensor into a 4-deep ring (STAGES) on full / empty mbarriers (rows past the
 //   ends zero-filled by the copy engine);
-// - per GGML block a consumer warpgroup issues two wgmma.m64n128k16 into a fresh accumulator,
-//   waits for them, and adds d * that block's sums to its accumulator (the scales of its
-//   thread's two rows read from global memory beside the MMAs).
+// - per GGML block a consumer warpgroup issues two wgmma.m64n128k16 into a fresh accumulator
+//   (two of them, alternating) and, while the next block's MMAs run, adds d * the previous
+//   block's sums to its accumulator (the scales of its thread's two rows read from global
+//   memory beside the MMAs).
 //
 // Storage (pydflash/tensor.py): q8_0 int8 [N, K]; q4_0 uint8 [N, K/2], per 32-block byte j =
 // element j (low nibble) and element j + 16 (high nibble), value = nibble - 8; scales f16 bits
 // [N, K/32] (row stride lds). Y float32 [R, ldy]: row r of Xb -> row r of Y, columns n < N.
 // Compiled for sm_90a only (Family(arch_specific=True)); elsewhere the entries trap.
-// Grid: x = N tiles of 128, y = R tiles of 128. Block: 288 threads (warpgroups 0 and 1 the
-// consumers, warp 8 the producer). Dynamic shared memory: STAGES * (16 KiB + the quant tile)
-// + 1 KiB (the ring's 1024-byte alignment).
+// Grid: x = N tiles of 128, y = R tiles of 128. Block: 384 threads (warpgroups 0 and 1 the
+// consumers, warpgroup 2 the producer, which hands them its registers by setmaxnreg: two
+// block sums in flight and the accumulator take 192 a consumer thread). Dynamic shared
+// memory: STAGES * (16 KiB + the quant tile) + 1 KiB (the ring's 1024-byte alignment).
 #include "tma.cuh"
 
 #define QT_CONSUMERS 256
-#define QT_THREADS (QT_CONSUMERS + 32)
+#define QT_THREADS (QT_CONSUMERS + 128)  // + the producer warpgroup
+#define QT_PRODUCER_REGS 40              // setmaxnreg: 2 x 128 x 232 + 128 x 40 = 384 x 168
+#define QT_CONSUMER_REGS 232
 #define QT_BN 128        // weight rows a block (two warpgroups of 64)
 #define QT_BR 128        // Xb rows a block (wgmma's N)
 #define QT_BK 64         // K a tile: two GGML blocks
@@ -126,7 +130,8 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
 
     const TmaRing ring = tma_ring_init<STAGES>(qt_smem_raw, bars, QT_CONSUMERS, QT_CONSUMERS);
 
-    if (tid >= QT_CONSUMERS) {  // the producer warp: one thread issues every copy
+    if (tid >= QT_CONSUMERS) {  // the producer warpgroup: one thread issues every copy
+        wg_setmaxnreg_dec<QT_PRODUCER_REGS>();
         if (tid == QT_CONSUMERS)
             tma_produce_pairs<STAGES>(
                 ring, nk, STAGE_BYTES, QT_X_BYTES, xmap, wmap,
@@ -137,6 +142,7 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
         return;
     }
 
+    wg_setmaxnreg_inc<QT_CONSUMER_REGS>();  // the two block sums and acc: 192 of them
     const int cw = tid >> 7;  // the consumer warpgroup: weight rows 64 cw..
     const int lane = tid & 31, wq = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int ra = cw * 64 + wq * 16 + g;  // this thread's rows ra and ra + 8 of the block
@@ -145,38 +151,77 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     const int na = n0 + ra, nb = na + 8;
     const f16_bits* sa = scales + (long long)min(na, N - 1) * lds;
     const f16_bits* sb = scales + (long long)min(nb, N - 1) * lds;
-    float acc[64], blk[64];
+    float acc[64], b0[64], b1[64];  // the sums; a tile's first and second GGML block's MMAs
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = blk[i] = 0.f;  // blk: written before it is read
+    for (int i = 0; i < 64; ++i) acc[i] = b0[i] = b1[i] = 0.f;  // written before they are read
 
-    for (int kt = 0; kt < nk; ++kt) {
-        const int s = kt % STAGES;
-        const int c0 = 2 * kt;  // this tile's first GGML block
-        const float da0 = na < N ? f16_to_f32(sa[c0]) : 0.f, db0 = nb < N ? f16_to_f32(sb[c0]) : 0.f;
-        const float da1 = na < N ? f16_to_f32(sa[c0 + 1]) : 0.f;
-        const float db1 = nb < N ? f16_to_f32(sb[c0 + 1]) : 0.f;
-        mbar_wait(ring.full(s), (kt / STAGES) & 1);
+    // one GGML block's two MMAs (block `half` of stage s) into a fresh blk, as one group
+    auto issue = [&](int s, int half, float(&blk)[64]) {
         const unsigned char* xs = ring.base + s * STAGE_BYTES;
-        const unsigned char* wt = xs + QT_X_BYTES;
         const unsigned long long b = wg_desc(xs);
+        unsigned a0[4], a1[4];
+        qt_a_pair<FMT>(a0, a1, xs + QT_X_BYTES + row_off, key, half);
+        qt_fence_a(a0);
+        qt_fence_a(a1);
+        wg_fence_operands(blk);
+        wg_fence();
+        wgmma_rs_m64n128k16(blk, a0, b + 2 * (2 * half), 0);
+        wgmma_rs_m64n128k16(blk, a1, b + 2 * (2 * half + 1), 1);
+        wg_commit();
+    };
+    // acc += d * a finished block's sums (rows na: da, nb: db), in block order
+    auto add_scaled = [&](float(&blk)[64], float da, float db) {
+        wg_fence_operands(blk);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // the tile's two GGML blocks
-            unsigned a0[4], a1[4];
-            qt_a_pair<FMT>(a0, a1, wt + row_off, key, half);
-            qt_fence_a(a0);
-            qt_fence_a(a1);
-            wg_fence_operands(blk);
-            wg_fence();
-            wgmma_rs_m64n128k16(blk, a0, b + 2 * (2 * half), 0);  // a fresh block sum
-            wgmma_rs_m64n128k16(blk, a1, b + 2 * (2 * half + 1), 1);
-            wg_commit();
-            wg_wait<0>();
-            wg_fence_operands(blk);
-            const float da = half ? da1 : da0, db = half ? db1 : db0;
+        for (int i = 0; i < 64; ++i) acc[i] = fmaf((i & 2) ? db : da, blk[i], acc[i]);
+    };
+
+    // Software-pipelined by one GGML block, two K tiles a step: each block's MMAs run while
+    // the block before it is scaled into acc, but for the step's last (waited for with
+    // nothing behind it). ptxas keeps the wgmmas asynchronous only where every wait's group
+    // is one issued in the same step: a block in flight across the loop's back edge, or a
+    // wgmma under a branch, makes it serialise them all (C7514 / C7518).
+    auto block_d = [&](int c, float& da, float& db) {  // GGML block c's d of rows na, nb
+        da = na < N ? f16_to_f32(sa[c]) : 0.f;
+        db = nb < N ? f16_to_f32(sb[c]) : 0.f;
+    };
+    auto full = [&](int kt) { mbar_wait(ring.full(kt % STAGES), (kt / STAGES) & 1); };
+    int kt = 0;
+    for (; kt + 2 <= nk; kt += 2) {
+        const int s0 = kt % STAGES, s1 = (kt + 1) % STAGES;
+        float d[8];  // da, db of blocks 2 kt .. 2 kt + 3
 #pragma unroll
-            for (int i = 0; i < 64; ++i) acc[i] = fmaf((i & 2) ? db : da, blk[i], acc[i]);
-        }
-        mbar_arrive(ring.empty(s));  // this thread is done with the stage
+        for (int j = 0; j < 4; ++j) block_d(2 * kt + j, d[2 * j], d[2 * j + 1]);
+        full(kt);
+        issue(s0, 0, b0);
+        issue(s0, 1, b1);
+        wg_wait<1>();
+        add_scaled(b0, d[0], d[1]);
+        full(kt + 1);
+        issue(s1, 0, b0);
+        wg_wait<1>();
+        mbar_arrive(ring.empty(s0));  // both of tile kt's blocks are done with its stage
+        add_scaled(b1, d[2], d[3]);
+        issue(s1, 1, b1);
+        wg_wait<1>();
+        add_scaled(b0, d[4], d[5]);
+        wg_wait<0>();
+        mbar_arrive(ring.empty(s1));
+        add_scaled(b1, d[6], d[7]);
+    }
+    if (kt < nk) {  // an odd count of K tiles: the last alone
+        const int s0 = kt % STAGES;
+        float d[4];
+        block_d(2 * kt, d[0], d[1]);
+        block_d(2 * kt + 1, d[2], d[3]);
+        full(kt);
+        issue(s0, 0, b0);
+        issue(s0, 1, b1);
+        wg_wait<1>();
+        add_scaled(b0, d[0], d[1]);
+        wg_wait<0>();
+        mbar_arrive(ring.empty(s0));
+        add_scaled(b1, d[2], d[3]);
     }
 
     // acc[4j + 0, 1] = (weight row na, Xb rows r0 + 8j + 2t, + 1); acc[4j + 2, 3]: row nb

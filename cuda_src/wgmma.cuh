@@ -51,6 +51,22 @@ __device__ __forceinline__ void wg_fence_operands(float (&d)[R]) {
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// A warpgroup gives back registers (dec) or takes them (inc) to N a thread: every thread of
+// the warpgroup executes it (warp-specialised tiles: the producer's few for the consumers'
+// accumulators; N a multiple of 8 in [24, 256], the block's total within the launch's)
+template <int N>
+__device__ __forceinline__ void wg_setmaxnreg_dec() {
+#if WG_ENABLED
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wg_setmaxnreg_inc() {
+#if WG_ENABLED
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 __device__ __forceinline__ void fence_proxy_async() {
 #if WG_ENABLED
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # the tensor-core formats whose blocks carry an f16 scale (applied to each K block's sums)
 FORMATS = tuple(f.name for f in WEIGHT_FORMATS.values() if f.tensor_cores and f.scaled)
 STAGES = 4  # K tiles in the ring
-THREADS = 288  # two consumer warpgroups and a producer warp
+THREADS = 384  # two consumer warpgroups and a producer warpgroup (it gives them registers)
 BLOCK_N = 128  # weight rows a block
 BLOCK_R = 128  # activation rows a block
 BLOCK_K = 64  # K a tile: two GGML blocks

@@ -60,6 +60,31 @@ def test_arch_specific_families_compile_for_sm_90a_with_their_instructions(modul
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 10000
 
 
+@pytest.mark.parametrize("module", sorted(m for m, f in FAMILIES.items() if f.arch_specific))
+def test_arch_specific_families_keep_wgmma_asynchronous_and_spill_nothing(module):
+    """ptxas's own report (-v) on sm_90a: no "wgmma.mma_async instructions are serialized"
+    (C75xx: an accumulator read or spilled while its group is in flight, a wgmma under a
+    branch) and no spills. Either would leave the tiles correct and slow."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    fam = FAMILIES[module]
+    prog = nvrtc.createProgram(kernels.source(module, fam.directory), f"{module}.cu", [], [])
+    try:
+        opts = ["--gpu-architecture=sm_90a", "--ptxas-options=-v", *fam.options]
+        nvrtc.compileProgram(prog, opts)
+        log = nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    log = log.decode(errors="replace") if isinstance(log, bytes) else log
+    assert "Used" in log, log  # ptxas reported
+    serialized = [line for line in log.splitlines() if "serialized" in line]
+    assert not serialized, "\n".join(serialized)
+    spills = [
+        line for line in log.splitlines() if "spill" in line and " 0 bytes spill s" not in line
+    ]
+    assert not spills, "\n".join(spills)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "sm_90"])
 @pytest.mark.parametrize("label", sorted(FAMILIES))
