@@ -116,8 +116,8 @@ class DflashDraft:
             self._buf = RoundBuffers(e, cfg, layers[0], policy=policy)
             self._step = DraftStep(e, cfg, markov, confidence, vocab_map, selector)
         # replay rounds, proposals, commits and batched rounds as captured graphs
-        self.cuda_graphs = cuda_graphs
         self._graphs = GraphCache(cuda_graphs)
+        self.cuda_graphs = cuda_graphs
         # commit's and a small ingest_ctx's graphs and their stage (made at the first call)
         self._rows = commit_graph.RowGraphs(cfg, fc, self.net, self._buf, self._graphs)
         # batched rounds: per DflashBatchKv its buffers
@@ -172,6 +172,18 @@ class DflashDraft:
                 policy=policy,
                 **load_weights(e, ckpt, precision, codebooks, policy),
             )
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether rounds, proposals, commits and batched rounds replay captured CUDA graphs
+        (False: every call launches its kernels eagerly; settable at any time)."""
+        return self._graphs.enabled
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, on: bool) -> None:
+        if not isinstance(on, bool):
+            raise ArgumentError(f"cuda_graphs must be True or False, found {on!r}")
+        self._graphs.enabled = on
 
     @property
     def weight_bytes(self) -> int:

@@ -427,3 +427,56 @@ def test_bf16_activations_at_public_geometries_batch_16(engine, preset_checkpoin
     lens = [int(t) for t in rng.integers(500, 4096, 16)]
     worst = _bf16_vs_single(e, d, 16, lens, rng, 4200)
     print(f"SCALE {preset} B=16 activations='bf16' vs single rounds: worst rel {worst:.2e}")
+
+
+def test_cuda_graphs_set_after_load_runs_every_call_eagerly(engine, ckpts, rng, monkeypatch):
+    """d.cuda_graphs = False after load: a batched round that had been captured launches its
+    kernels again (what bench_round --profile times kernel by kernel) with the same bits; True
+    replays the graph again, launching nothing from the host."""
+    from pydflash import DflashDraft
+    from pydflash.errors import ArgumentError
+
+    e = engine
+    d = DflashDraft.load(e, ckpts["tiny"], "bf16")
+    c = d.cfg
+    pool = d.new_batch_kv(e, 2, 64)
+    slots = [pool.add(), pool.add()]
+    d.ingest_batch(
+        e,
+        pool,
+        slots,
+        cp.asarray(rng.standard_normal((20, c.hidden)), np.float32),
+        np.concatenate([np.arange(12), np.arange(8)]).astype(np.int32),
+        [12, 8],
+    )
+    noise = (rng.standard_normal((2, c.block_size, c.hidden)) * 0.5).astype(np.float32)
+    blocks = np.stack([np.arange(12, 12 + c.block_size), np.arange(8, 8 + c.block_size)])
+    blocks = blocks.astype(np.int32)
+
+    def round_and_launches():
+        launches = []
+        launch = e.launch
+        monkeypatch.setattr(
+            e,
+            "launch",
+            lambda spec, *a, **k: (launches.append(spec.name), launch(spec, *a, **k))[1],
+        )
+        out = cp.asnumpy(d.forward_round_batch(e, pool, slots, cp.asarray(noise), blocks))
+        monkeypatch.undo()
+        return out, launches
+
+    for _ in range(3):  # captured by now
+        graphed, _ = round_and_launches()
+    graphed, launched = round_and_launches()
+    assert d.cuda_graphs and not launched
+    d.cuda_graphs = False
+    eager, launched = round_and_launches()
+    assert not d.cuda_graphs and len(launched) > 5 * c.n_layer
+    np.testing.assert_array_equal(eager, graphed)
+    d.cuda_graphs = True
+    again, launched = round_and_launches()
+    assert not launched
+    np.testing.assert_array_equal(again, graphed)
+    with pytest.raises(ArgumentError, match="cuda_graphs"):
+        d.cuda_graphs = "no"
+    assert d.cuda_graphs is True
