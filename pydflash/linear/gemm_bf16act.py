@@ -24,6 +24,7 @@ from .split import (
     CHUNK,
     checked_row_stride,
     require_row_major,
+    rounded_problem,
     row_stride,
     split_k_plan,
     split_problems,
@@ -175,17 +176,9 @@ def project(
     the GEMM reads it and the rounding pass is skipped (scratch unused)."""
     k = w.in_features
     ldx, t = _check(rt, w, x, m, epilogue, ksplit, scratch, m * k, tile)
-    if rounded is not None and (
-        rounded.dtype != np.uint16
-        or rounded.ndim != 2
-        or rounded.shape[0] < m
-        or rounded.shape[1] != k
-        or rounded.strides[0] != 2 * k
-        or rounded.data.ptr % 16
-    ):
-        raise ShapeError(
-            f"rounded: expected a 16-byte-aligned uint16 [>= {m}, {k}] with contiguous rows"
-        )
+    problem = rounded_problem(rounded, m, k)
+    if problem:
+        raise ShapeError(problem)
     _out_stride(out, w.out_features, epilogue)  # refused before anything is queued
     if m == 0:
         return

@@ -22,7 +22,7 @@ from ..device.kernels import Family
 from ..errors import ShapeError, UnsupportedDeviceError
 from ..formats.format import FORMATS as WEIGHT_FORMATS
 from . import gemm_bf16act
-from .split import checked_row_stride, require_row_major, split_problems
+from .split import checked_row_stride, require_row_major, rounded_problem, split_problems
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
@@ -74,23 +74,10 @@ def project(
     already written by x's producer (uint16 [>= m, K], contiguous rows, 16-byte aligned): read
     instead, the rounding pass skipped."""
     n, k = w.out_features, w.in_features
-    ldx = _check(rt, w, x, m, scratch, m * k)
-    problems = []
+    problems = [rounded_problem(rounded, m, k)]
     if getattr(out, "dtype", None) != np.float32 or out.size < m * n or not out.flags.c_contiguous:
-        problems.append(f"out: expected contiguous float32 of >= {m * n} elements")
-    if rounded is not None and (
-        getattr(rounded, "dtype", None) != np.uint16
-        or rounded.ndim != 2
-        or rounded.shape[0] < m
-        or rounded.shape[1] != k
-        or rounded.strides[0] != 2 * k
-        or rounded.data.ptr % 16
-    ):
-        problems.append(
-            f"rounded: expected a 16-byte-aligned uint16 [>= {m}, {k}] with contiguous rows"
-        )
-    if problems:
-        raise ShapeError("; ".join(problems))
+        problems.insert(0, f"out: expected contiguous float32 of >= {m * n} elements")
+    ldx = _check(rt, w, x, m, scratch, m * k, [p for p in problems if p])
     if m == 0:
         return
     if rounded is None:

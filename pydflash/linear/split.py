@@ -88,6 +88,21 @@ def checked_row_stride(a: Any, name: str, rows: int, cols: int) -> int:
     return a.strides[0] // 4
 
 
+def rounded_problem(rounded: Any, m: int, k: int) -> str:
+    """What is wrong with a producer's bf16 copy of m rows of k activations (uint16 [>= m, k],
+    contiguous rows, 16-byte aligned) a GEMM reads instead of rounding x; "" if nothing."""
+    if rounded is None or (
+        getattr(rounded, "dtype", None) == np.uint16
+        and rounded.ndim == 2
+        and rounded.shape[0] >= m
+        and rounded.shape[1] == k
+        and rounded.strides[0] == 2 * k
+        and rounded.data.ptr % 16 == 0
+    ):
+        return ""
+    return f"rounded: expected a 16-byte-aligned uint16 [>= {m}, {k}] with contiguous rows"
+
+
 def split_problems(n: int, m: int, split_stride: int, out: Any) -> tuple[str, str]:
     """(split_stride's problem, out's problem), "" for none, of two partials of m x n floats
     split_stride apart in out (gemm_bf16act.project_split's and gemm_quant's layout)."""
