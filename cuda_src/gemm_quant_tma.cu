@@ -19,9 +19,12 @@
 //   block's sums to its accumulator (the scales of its thread's two rows read from global
 //   memory beside the MMAs).
 //
-// Storage (pydflash/tensor.py): q8_0 int8 [N, K]; q4_0 uint8 [N, K/2], per 32-block byte j =
-// element j (low nibble) and element j + 16 (high nibble), value = nibble - 8; scales f16 bits
-// [N, K/32] (row stride lds). Y float32 [R, ldy]: row r of Xb -> row r of Y, columns n < N.
+// Storage (pydflash/formats/tensor.py): q8_0 int8 [N, K]; q4_0 uint8 [N, K/2], per 32-block
+// byte j = element j (low nibble) and element j + 16 (high nibble), value = nibble - 8; scales
+// f16 bits [N, K/32] (row stride lds). The *_tiled entries read the same bytes in the decode
+// linear's tiled layout (pydflash/formats/layout.py: [N / tr][K / 32][tr][a block's bytes],
+// scales [N / tr][K / 32][tr], lds = the elements of a tile's scales), the same values in the
+// same order: their results equal the row-major entries' bit for bit (QtLayout below). Y float32 [R, ldy]: row r of Xb -> row r of Y, columns n < N.
 // Compiled for sm_90a only (Family(arch_specific=True)); elsewhere the entries trap.
 // Grid: x = N tiles of 128, y = R tiles of 128. Block: 384 threads (warpgroups 0 and 1 the
 // consumers, warpgroup 2 the producer, which hands them its registers by setmaxnreg: two
@@ -31,7 +34,7 @@
 
 #define QT_CONSUMERS 256
 #define QT_THREADS (QT_CONSUMERS + 128)  // + the producer warpgroup
-#define QT_PRODUCER_REGS 40              // setmaxnreg: 2 x 128 x 232 + 128 x 40 = 384 x 168
+#define QT_PRODUCER_REGS 40
 #define QT_CONSUMER_REGS 232
 #define QT_BN 128        // weight rows a block (two warpgroups of 64)
 #define QT_BR 128        // Xb rows a block (wgmma's N)
@@ -81,23 +84,52 @@ __device__ __forceinline__ int qt_row_key(int row) {
     return FMT == QT_FMT_Q8_0 ? ((row >> 1) & 3) << 4 : ((row >> 2) & 1) << 4;
 }
 
-// This thread's A fragments of the tile's GGML block `half` from the quant tile `wt`: a0 of
-// k16 step 2 half, a1 of step 2 half + 1. Rows ra = g and ra + 8 of its warp's 16; registers
-// 0, 1 hold k = 2t, 2t + 1 of the step and 2, 3 hold k = 2t + 8, 2t + 9 (mma.m16n8k16's A).
-// Each pair is one 16-bit load, decoded by common.cuh's q8_pair / q4_pair: q8_0 bytes k, k + 1;
-// q4_0 bytes 2t (+ 8) and the next of the block, whose low nibbles are elements 2t, 2t + 1 (a0)
-// and high nibbles 2t + 16, 2t + 17 (a1).
-// row_a = wt + ra * ROW + 2t (row ra's bytes from 2t), key = qt_row_key(ra).
-template <int FMT>
+// Where a stage's quant tile holds row `row` of the block (its bytes of GGML block `half` of the
+// K tile at row_off + half * BLOCK_STEP, 16-byte chunks XORed with key):
+// - row-major weights (u8_rows' 2-D box): [128 rows][ROW bytes], the two blocks side by side in
+//   a row (BLOCK_STEP 0, their offsets inside the XOR), swizzled by qt_row_key;
+// - the tiled layout (pydflash.formats.layout, tiles of tr = QT_TILE_ROWS_<format> rows, the
+//   decode linear's; u8_tiles' 4-D box): [128 / tr tiles][2 blocks][tr rows][RB bytes], RB a
+//   GGML block's bytes of a row (32 q8_0, 16 q4_0), BLOCK_STEP = tr * RB. q8_0's box is
+//   swizzled over 32 bytes (bit 4 of an offset XORed with bit 7: row bit 2, tr * 32 being a
+//   multiple of 256); q4_0's 16-byte rows are not (a fragment's 8 rows meet 8 bank groups).
+template <int FMT, bool TILED>
+struct QtLayout {
+    static constexpr int RB = FMT == QT_FMT_Q8_0 ? 32 : 16;  // a GGML block's bytes of a row
+    static constexpr int ROW = TILED ? RB : 2 * RB;            // bytes from one row to the next
+    static constexpr int BLOCK = TILED ? 0 : RB;               // block 1's offset inside a row
+    static constexpr int TILE_ROWS = FMT == QT_FMT_Q8_0 ? QT_TILE_ROWS_Q8 : QT_TILE_ROWS_Q4;
+    // whole tiles in a block, and a fragment's rows ra, ra + 8 (ra % 16 < 8) in one tile
+    static_assert(QT_BN % TILE_ROWS == 0 && TILE_ROWS % 16 == 0, "whole tiles of 16 k rows");
+    static constexpr int BLOCK_STEP = TILED ? TILE_ROWS * RB : 0;  // block 1's offset
+    static __device__ __forceinline__ int row_off(int row) {
+        constexpr int TR = TILE_ROWS;
+        return TILED ? (row / TR) * (2 * TR * RB) + (row % TR) * RB : row * ROW;
+    }
+    static __device__ __forceinline__ int key(int row) {
+        if (!TILED) return qt_row_key<FMT>(row);
+        return FMT == QT_FMT_Q8_0 ? ((row >> 2) & 1) << 4 : 0;
+    }
+};
+
+// This thread's A fragments of the tile's GGML block `half` from the quant tile: a0 of k16 step
+// 2 half, a1 of step 2 half + 1. Rows ra = g and ra + 8 of its warp's 16; registers 0, 1 hold
+// k = 2t, 2t + 1 of the step and 2, 3 hold k = 2t + 8, 2t + 9 (mma.m16n8k16's A). Each pair is
+// one 16-bit load, decoded by common.cuh's q8_pair / q4_pair: q8_0 bytes k, k + 1; q4_0 bytes 2t
+// (+ 8) and the next of the block, whose low nibbles are elements 2t, 2t + 1 (a0) and high
+// nibbles 2t + 16, 2t + 17 (a1).
+// row_a = the quant tile + L::row_off(ra) + 2t (row ra's bytes from 2t), key = L::key(ra) (the
+// same for rows ra and ra + 8).
+template <int FMT, bool TILED>
 __device__ __forceinline__ void qt_a_pair(unsigned (&a0)[4], unsigned (&a1)[4],
                                           const unsigned char* row_a, int key, int half) {
-    constexpr int ROW = FMT == QT_FMT_Q8_0 ? QT_BK : QT_BK / 2;
-    constexpr int BLOCK = FMT == QT_FMT_Q8_0 ? 32 : 16;  // bytes of one GGML block in a row
+    using L = QtLayout<FMT, TILED>;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // h = 0: k 2t, 2t + 1; h = 1: k 2t + 8, 2t + 9
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {  // rows ra, ra + 8
-            const unsigned char* p = row_a + 8 * rr * ROW + 8 * h;
+            const unsigned char* p = row_a + 8 * rr * L::ROW + 8 * h + half * L::BLOCK_STEP;
+            constexpr int BLOCK = L::BLOCK;
             if (FMT == QT_FMT_Q8_0) {  // chunks 2 half (a0) and 2 half + 1 (a1) of the row
                 const unsigned u0 = *reinterpret_cast<const unsigned short*>(p + ((BLOCK * half) ^ key));
                 const unsigned u1 =
@@ -114,7 +146,7 @@ __device__ __forceinline__ void qt_a_pair(unsigned (&a0)[4], unsigned (&a1)[4],
     }
 }
 
-template <int FMT, int STAGES>
+template <int FMT, bool TILED, int STAGES>
 __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorMap* xmap,
                                             const f16_bits* scales, long long lds, float* Y,
                                             long long ldy, int R, int N, int K) {
@@ -125,6 +157,7 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     extern __shared__ __align__(1024) unsigned char qt_smem_raw[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[s], then empty[s]
     const int tid = threadIdx.x;
+    constexpr int tr = TILED ? QtLayout<FMT, true>::TILE_ROWS : 1;  // row-major: tiles of a row
     const int n0 = blockIdx.x * QT_BN, r0 = blockIdx.y * QT_BR;
     const int nk = K / QT_BK;  // K % 64 == 0 (the launcher's check)
 
@@ -133,12 +166,13 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     if (tid >= QT_CONSUMERS) {  // the producer warpgroup: one thread issues every copy
         wg_setmaxnreg_dec<QT_PRODUCER_REGS>();
         if (tid == QT_CONSUMERS)
-            tma_produce_pairs<STAGES>(
-                ring, nk, STAGE_BYTES, QT_X_BYTES, xmap, wmap,
-                [&](int kt, int& xc, int& xr, int& wc, int& wr) {
-                    xc = kt * QT_BK, xr = r0;
-                    wc = FMT == QT_FMT_Q8_0 ? kt * QT_BK : kt * (QT_BK / 2), wr = n0;
-                });
+            tma_produce<STAGES>(ring, nk, STAGE_BYTES, [&](int kt, unsigned stage, unsigned full) {
+                tma_load_2d(stage, xmap, full, kt * QT_BK, r0);
+                if (TILED)  // (byte, row of a tile, block, tile): 2 blocks of 128 / tr tiles
+                    tma_load_4d(stage + QT_X_BYTES, wmap, full, 0, 0, 2 * kt, n0 / tr);
+                else
+                    tma_load_2d(stage + QT_X_BYTES, wmap, full, kt * 2 * QtLayout<FMT, false>::RB, n0);
+            });
         return;
     }
 
@@ -146,11 +180,16 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     const int cw = tid >> 7;  // the consumer warpgroup: weight rows 64 cw..
     const int lane = tid & 31, wq = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int ra = cw * 64 + wq * 16 + g;  // this thread's rows ra and ra + 8 of the block
-    const int row_off = ra * (FMT == QT_FMT_Q8_0 ? QT_BK : QT_BK / 2) + 2 * t;
-    const int key = qt_row_key<FMT>(ra);
+    using L = QtLayout<FMT, TILED>;
+    const int row_off = L::row_off(ra) + 2 * t;
+    const int key = L::key(ra);
     const int na = n0 + ra, nb = na + 8;
-    const f16_bits* sa = scales + (long long)min(na, N - 1) * lds;
-    const f16_bits* sb = scales + (long long)min(nb, N - 1) * lds;
+    // scale (n, c) at (n / tr) * lds + n % tr + c * tr: row-major planes are tr = 1
+    auto scale_row = [&](int n) { return scales + (long long)(n / tr) * lds + n % tr; };
+    const f16_bits* sa = scale_row(min(na, N - 1));
+    // tiled: row nb is 8 rows on in na's tile (the pointer is read only when nb < N), so one
+    // pointer and immediate offsets serve both (a register the q8_0 tile would otherwise spill)
+    const f16_bits* sb = TILED ? sa + 8 : scale_row(min(nb, N - 1));
     float acc[64], b0[64], b1[64];  // the sums; a tile's first and second GGML block's MMAs
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = b0[i] = b1[i] = 0.f;  // written before they are read
@@ -160,7 +199,7 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
         const unsigned char* xs = ring.base + s * STAGE_BYTES;
         const unsigned long long b = wg_desc(xs);
         unsigned a0[4], a1[4];
-        qt_a_pair<FMT>(a0, a1, xs + QT_X_BYTES + row_off, key, half);
+        qt_a_pair<FMT, TILED>(a0, a1, xs + QT_X_BYTES + row_off, key, half);
         qt_fence_a(a0);
         qt_fence_a(a1);
         wg_fence_operands(blk);
@@ -182,8 +221,8 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
     // is one issued in the same step: a block in flight across the loop's back edge, or a
     // wgmma under a branch, makes it serialise them all (C7514 / C7518).
     auto block_d = [&](int c, float& da, float& db) {  // GGML block c's d of rows na, nb
-        da = na < N ? f16_to_f32(sa[c]) : 0.f;
-        db = nb < N ? f16_to_f32(sb[c]) : 0.f;
+        da = na < N ? f16_to_f32(sa[(long long)c * tr]) : 0.f;
+        db = nb < N ? f16_to_f32(sb[(long long)c * tr]) : 0.f;
     };
     auto full = [&](int kt) { mbar_wait(ring.full(kt % STAGES), (kt / STAGES) & 1); };
     int kt = 0;
@@ -239,12 +278,14 @@ __device__ __forceinline__ void quant_tiles(const TensorMap* wmap, const TensorM
 #endif
 }
 
-#define QT_ENTRY(name, FMT, STAGES)                                                           \
+#define QT_ENTRY(name, FMT, TILED, STAGES)                                                    \
     extern "C" __global__ void __launch_bounds__(QT_THREADS, 1)                               \
         name(const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, \
              const f16_bits* scales, long long lds, float* Y, long long ldy, int R, int N,   \
              int K) {                                                                        \
-        quant_tiles<FMT, STAGES>(&wmap, &xmap, scales, lds, Y, ldy, R, N, K);                \
+        quant_tiles<FMT, TILED, STAGES>(&wmap, &xmap, scales, lds, Y, ldy, R, N, K);         \
     }
-QT_ENTRY(gemm_quant_q8_0_tma, QT_FMT_Q8_0, 4)
-QT_ENTRY(gemm_quant_q4_0_tma, QT_FMT_Q4_0, 4)
+QT_ENTRY(gemm_quant_q8_0_tma, QT_FMT_Q8_0, false, 4)
+QT_ENTRY(gemm_quant_q4_0_tma, QT_FMT_Q4_0, false, 4)
+QT_ENTRY(gemm_quant_q8_0_tiled_tma, QT_FMT_Q8_0, true, 4)  // weights in the tiled layout
+QT_ENTRY(gemm_quant_q4_0_tiled_tma, QT_FMT_Q4_0, true, 4)

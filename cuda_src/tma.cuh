@@ -1,7 +1,7 @@
 // Hopper's tensor memory accelerator (TMA) and mbarriers for the warp-specialised sm_90a tiles
 // (gemm_bf16act_tma.cu, gemm_quant_tma.cu): the TensorMap kernel parameter, mbarrier init /
-// arrive / expect-tx / parity wait, and one 2-D box copy completing on a barrier. Compiled to
-// nothing off sm_90a (WG_ENABLED, wgmma.cuh).
+// arrive / expect-tx / parity wait, 2-D and 4-D box copies completing on a barrier, the producer
+// of a stage ring. Compiled to nothing off sm_90a (WG_ENABLED, wgmma.cuh).
 #pragma once
 #include "wgmma.cuh"
 
@@ -94,23 +94,46 @@ __device__ __forceinline__ TmaRing tma_ring_init(unsigned char* smem_raw,
     return r;
 }
 
-// The producer of a two-operand tile ring (one thread): for each k-tile kt, wait until the
-// consumers have freed stage kt % STAGES, then load its X tile (at the stage's start) and its W
-// tile (x_bytes on), both on the stage's full barrier. coords(kt, xc, xr, wc, wr) gives the
-// two tiles' (inner, outer) coordinates.
-template <int STAGES, class Coords>
-__device__ __forceinline__ void tma_produce_pairs(const TmaRing& ring, int nk,
-                                                  unsigned stage_bytes, unsigned x_bytes,
-                                                  const TensorMap* xmap, const TensorMap* wmap,
-                                                  Coords coords) {
+// One box of a 4-D tensor map (coordinates innermost first) into shared memory at dst: a
+// tiled weight layout's [tiles][chunks][rows][bytes] (gemm_quant_tma.cu).
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, unsigned bar,
+                                            int c0, int c1, int c2, int c3) {
+#if WG_ENABLED
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2),
+        "r"(c3)
+        : "memory");
+#endif
+}
+
+// The producer of a tile ring (one thread): for each k-tile kt, wait until the consumers have
+// freed stage kt % STAGES, announce its stage_bytes on the stage's full barrier and let
+// issue(kt, stage, full) start the copies that deliver them (stage: its shared address).
+template <int STAGES, class Issue>
+__device__ __forceinline__ void tma_produce(const TmaRing& ring, int nk, unsigned stage_bytes,
+                                            Issue issue) {
     for (int kt = 0; kt < nk; ++kt) {
         const int s = kt % STAGES;
         if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) + 1) & 1);
         const unsigned stage = ring.base_s + s * stage_bytes, full = ring.full(s);
         mbar_expect_tx(full, stage_bytes);
+        issue(kt, stage, full);
+    }
+}
+
+// tma_produce of a two-operand tile: each stage's X tile (at the stage's start) and its W tile
+// (x_bytes on), 2-D boxes; coords(kt, xc, xr, wc, wr) gives their (inner, outer) coordinates.
+template <int STAGES, class Coords>
+__device__ __forceinline__ void tma_produce_pairs(const TmaRing& ring, int nk,
+                                                  unsigned stage_bytes, unsigned x_bytes,
+                                                  const TensorMap* xmap, const TensorMap* wmap,
+                                                  Coords coords) {
+    tma_produce<STAGES>(ring, nk, stage_bytes, [&](int kt, unsigned stage, unsigned full) {
         int xc, xr, wc, wr;
         coords(kt, xc, xr, wc, wr);
         tma_load_2d(stage, xmap, full, xc, xr);
         tma_load_2d(stage + x_bytes, wmap, full, wc, wr);
-    }
+    });
 }

@@ -90,6 +90,48 @@ def u8_rows(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> Ten
     return _encode(_DTYPE_UINT8, ptr, rows, cols, cols, box_rows, box_cols, swizzle)
 
 
+@functools.lru_cache(maxsize=4096)
+def u8_tiles(
+    ptr: int,
+    tiles: int,
+    chunks: int,
+    tile_rows: int,
+    chunk_bytes: int,
+    box_chunks: int,
+    box_tiles: int,
+) -> TensorMap:
+    """The map of a tiled byte layout [tiles][chunks][tile_rows][chunk_bytes] (contiguous:
+    pydflash.formats.layout's quant planes) at device address ptr, copied in boxes of box_tiles
+    tiles x box_chunks chunks x all tile_rows rows x chunk_bytes, which land in shared memory in
+    that order ([box_tiles][box_chunks][tile_rows][chunk_bytes]); tiles and chunks past the ends
+    read as zeros. 32-byte chunks are swizzled across their 32 bytes (box_swizzle(offset, 32):
+    the 8 rows of an MMA fragment's loads then meet 8 bank groups), 16-byte ones copied as
+    they are."""
+    problems = []
+    if ptr % 16:
+        problems.append(f"address {ptr:#x} is not 16-byte aligned")
+    if chunk_bytes not in (16, 32):
+        problems.append(f"chunks of {chunk_bytes} bytes (16 or 32)")
+    if not (0 < tiles < 2**32 and 0 < chunks < 2**32):
+        problems.append(f"dims {tiles} tiles x {chunks} chunks out of range")
+    if not (0 < tile_rows <= 256 and 0 < box_chunks <= 256 and 0 < box_tiles <= 256):
+        problems.append(
+            f"box {box_tiles} tiles x {box_chunks} chunks x {tile_rows} rows (each 1..256)"
+        )
+    if problems:
+        raise ShapeError("tensor map: " + "; ".join(problems))
+    swizzle = _BOX_SWIZZLE.get(chunk_bytes, (_SWIZZLE_NONE, 0))[0]
+    run = tile_rows * chunk_bytes  # one chunk of a tile: its rows' bytes, contiguous
+    return _encode_nd(
+        _DTYPE_UINT8,
+        ptr,
+        (chunk_bytes, tile_rows, chunks, tiles),
+        (chunk_bytes, run, chunks * run),
+        (chunk_bytes, tile_rows, box_chunks, box_tiles),
+        swizzle,
+    )
+
+
 def box_swizzle(offset: int, box_cols: int) -> int:
     """Where u8_rows' copy puts byte `offset` (row-major, rows of box_cols bytes) of a box in
     shared memory (its destination aligned to 1024 bytes): the host-side model of the swizzle
@@ -122,25 +164,35 @@ def _encode(
     swizzle: int,
 ) -> TensorMap:
     """cuTensorMapEncodeTiled of a 2-D row-major matrix (arguments checked by the callers)."""
+    return _encode_nd(dtype, ptr, (cols, rows), (row_bytes,), (box_cols, box_rows), swizzle)
+
+
+def _encode_nd(
+    dtype: int,
+    ptr: int,
+    dims: tuple[int, ...],
+    strides: tuple[int, ...],
+    box: tuple[int, ...],
+    swizzle: int,
+) -> TensorMap:
+    """cuTensorMapEncodeTiled of a tensor of `dims` (innermost first; `strides` in bytes of
+    every dim but the first), copied in boxes of `box` (arguments checked by the callers)."""
     fn = _encoder()
     if fn is None:
         raise UnsupportedDeviceError(
             "tensor maps: the driver has no cuTensorMapEncodeTiled (CUDA < 12)"
         )
     out = (ctypes.c_uint8 * TENSOR_MAP_BYTES)()
-    dims = (ctypes.c_uint64 * 2)(cols, rows)
-    strides = (ctypes.c_uint64 * 1)(row_bytes)
-    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
-    steps = (ctypes.c_uint32 * 2)(1, 1)
+    rank = len(dims)
     res = fn(  # type: ignore[operator]
         ctypes.addressof(out),
         dtype,
-        2,
+        rank,
         ptr,
-        dims,
-        strides,
-        box,
-        steps,
+        (ctypes.c_uint64 * rank)(*dims),
+        (ctypes.c_uint64 * (rank - 1))(*strides),
+        (ctypes.c_uint32 * rank)(*box),
+        (ctypes.c_uint32 * rank)(*([1] * rank)),
         _INTERLEAVE_NONE,
         swizzle,
         _L2_PROMOTION_256B,
@@ -148,7 +200,7 @@ def _encode(
     )
     if res != 0:
         raise DeviceError(
-            f"cuTensorMapEncodeTiled failed ({res}) for a [{rows}, {cols}] matrix (type {dtype}) "
-            f"at {ptr:#x}, box {box_rows} x {box_cols}"
+            f"cuTensorMapEncodeTiled failed ({res}) for a tensor of dims {list(dims)} (innermost "
+            f"first, type {dtype}) at {ptr:#x}, box {list(box)}"
         )
     return TensorMap(bytes(out))

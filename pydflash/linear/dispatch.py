@@ -103,6 +103,9 @@ WGMMA_TILES = (gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES)
 PROBE_ROWS = (1, 16, BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM_ROWS, 4096)
 # the modes a layer's o, gate_up, down and DFlash2 conv projections are read in
 ROUND_ONLY = ("round", "batched_bf16")
+# the kernels with entries for the tiled layout (decode_v3's rows a tile, gemm_quant.TILE_ROWS
+# by construction): a weight only these read is stored tiled
+TILED_READERS = ("decode_v3", "quant_split", "quant_bf16act")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +116,7 @@ class Policy:
     # batched_bf16 / ingest's large tile on wgmma: one of WGMMA_TILES (the tiles the package
     # ships; dev/gemm_bf16act_tiles.py launches the others explicitly)
     wgmma_tile: str = gemm_bf16act.SM90_TILE
-    # the tiled layout for the weights only the decode linear reads (False: all row-major)
+    # the tiled layout for the weights only TILED_READERS read (False: all row-major)
     tiled_decode: bool = True
     # batched rounds' bf16 activations through gemm_bf16act for bf16 weights (False: the
     # decode linear, as for the quant formats, so a bf16 drafter's round-only weights are
@@ -245,13 +248,14 @@ def layout_rows(
 ) -> int:
     """The rows a tile of the layout a weight read in `modes` is stored in at load: the decode
     linear's tiled layout (linear_v3's rows a warp) when every kernel the table may choose for
-    it, at any row count, is decode_v3; 0 (row-major) otherwise, or with no modes."""
+    it, at any row count, reads it (TILED_READERS); 0 (row-major) otherwise, or with no
+    modes."""
     modes = tuple(modes)
     if not policy.tiled_decode or fmt not in decode_v3.FORMATS or not modes:
         return 0
     for mode in modes:
         for m in PROBE_ROWS:
-            if choose(mode, fmt, m, caps, k=k, policy=policy).kernel != "decode_v3":
+            if choose(mode, fmt, m, caps, k=k, policy=policy).kernel not in TILED_READERS:
                 return 0
     return decode_v3.DEFAULT.rows(fmt)
 

@@ -7,7 +7,10 @@ round_bf16(x) alone, one partial: a batched round's bf16-activation mode
 (Policy.batched_quant_gemm).
 
 The weights are wgmma's A operand from registers (each thread turns its quants into bf16), the
-activations the B operand (TMA boxes of the bf16 hi/lo scratch). Where ingest takes it is
+activations the B operand (TMA boxes of the bf16 hi/lo scratch). The weights may be row-major or
+in the decode linear's tiled layout (pydflash.formats.layout, its tiles of TILE_ROWS rows): the
+tiled entries copy a block's quants as 4-D boxes of whole tiles and read the same values, so
+both give the same results bit for bit. Where ingest takes it is
 pydflash.linear.dispatch's choice (Policy.quant_ingest=False sends it to gemm.cu:
 bench_round.py --gemm-cu-ingest)."""
 
@@ -21,8 +24,8 @@ from ..device import tensormap
 from ..device.kernels import Family
 from ..errors import ShapeError, UnsupportedDeviceError
 from ..formats.format import FORMATS as WEIGHT_FORMATS
-from . import gemm_bf16act
-from .split import checked_row_stride, require_row_major, rounded_problem, split_problems
+from . import decode_v3, gemm_bf16act
+from .split import checked_row_stride, rounded_problem, split_problems
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..device.runtime import Runtime
@@ -36,12 +39,23 @@ BLOCK_N = 128  # weight rows a block
 BLOCK_R = 128  # activation rows a block
 BLOCK_K = 64  # K a tile: two GGML blocks
 
-FAMILY = Family("gemm_quant_tma", {}, arch_specific=True)
+# the tiled layout the tiled entries read: the decode linear's (its rows a warp), compiled in
+TILE_ROWS = {fmt: decode_v3.DEFAULT.rows(fmt) for fmt in FORMATS}
+FAMILY = Family(
+    "gemm_quant_tma",
+    {"QT_TILE_ROWS_Q8": TILE_ROWS["q8_0"], "QT_TILE_ROWS_Q4": TILE_ROWS["q4_0"]},
+    arch_specific=True,
+)
 _SIG = (
     "TensorMap wmap, TensorMap xmap, const unsigned short* scales, long long lds, float* Y, "
     "long long ldy, int R, int N, int K"
 )
-KERNELS = {fmt: FAMILY.kernel(f"gemm_quant_{fmt}_tma", _SIG) for fmt in FORMATS}
+# (format, tiled) -> entry
+KERNELS = {
+    (fmt, tiled): FAMILY.kernel(f"gemm_quant_{fmt}{'_tiled' if tiled else ''}_tma", _SIG)
+    for fmt in FORMATS
+    for tiled in (False, True)
+}
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 
@@ -128,7 +142,6 @@ def _check(
     returns x's row stride."""
     n, k = w.out_features, w.in_features
     problems = list(problems or [])
-    require_row_major(w, "gemm_quant")
     ldx = checked_row_stride(x, "x", m, k)
     if ldx % 4 or x.data.ptr % 16:  # the prepasses read float4s
         problems.append(f"x: rows must be 16-byte aligned (pointer, row stride {ldx} floats)")
@@ -136,6 +149,8 @@ def _check(
         problems.append(f"w: gemm_quant takes {' / '.join(FORMATS)} weights, found {w.fmt}")
     elif w.data.data.ptr % 16:
         problems.append("w: the quants' rows must start 16-byte aligned (tensor-map copies)")
+    elif w.tile_rows:
+        problems += _tiled_problems(w)
     elif (
         w.scales is None
         or w.scales.dtype != np.uint16
@@ -170,20 +185,43 @@ def _check(
     return ldx
 
 
+def _tiled_problems(w: GpuTensor) -> list[str]:
+    """What the tiled entries refuse of a tiled weight (its planes as formats.layout makes them)."""
+    n, k, tr = w.out_features, w.in_features, w.tile_rows
+    if tr != TILE_ROWS[w.fmt]:
+        return [f"w: tiles of {tr} rows; gemm_quant reads {w.fmt} tiles of {TILE_ROWS[w.fmt]}"]
+    count = -(-n // tr) * tr * (k // 32)  # the padded tiles' rows x chunks
+    problems = []
+    if w.data.dtype != np.uint8 or w.data.size != count * WEIGHT_FORMATS[w.fmt].data_row_bytes(32):
+        problems.append(f"w: expected the tiled quants, uint8 of {count} chunks")
+    if w.scales is None or w.scales.dtype != np.uint16 or w.scales.size != count:
+        problems.append(f"w: expected the tiled scales, uint16 of {count} elements")
+    return problems
+
+
 def _launch(rt: Runtime, w: GpuTensor, xb: Any, total: int, out: Any) -> None:
     """The tile over `total` bf16 rows of xb into out's rows (checked by _check)."""
-    n, k = w.out_features, w.in_features
+    n, k, tr = w.out_features, w.in_features, w.tile_rows
     box_cols = tile_bytes(w.fmt) // BLOCK_N  # quant bytes of a row a K tile
-    quant_cols = k // BLOCK_K * box_cols  # bytes of a row of quants
+    if tr:  # whole tiles: 128 / tr of them, both GGML blocks of the K tile
+        chunk = box_cols // 2
+        wmap = tensormap.u8_tiles(
+            w.data.data.ptr, -(-n // tr), k // 32, tr, chunk, 2, BLOCK_N // tr
+        )
+        lds = (k // 32) * tr  # scales between two tiles
+    else:
+        quant_cols = k // BLOCK_K * box_cols  # bytes of a row of quants
+        wmap = tensormap.u8_rows(w.data.data.ptr, n, quant_cols, BLOCK_N, box_cols)
+        lds = w.scales.strides[0] // 2
     rt.launch(
-        KERNELS[w.fmt],
+        KERNELS[w.fmt, bool(tr)],
         (-(-n // BLOCK_N), -(-total // BLOCK_R)),
         THREADS,
         smem_bytes(w.fmt),
-        wmap=tensormap.u8_rows(w.data.data.ptr, n, quant_cols, BLOCK_N, box_cols),
+        wmap=wmap,
         xmap=tensormap.bf16_rows(xb.data.ptr, total, k, BLOCK_R),
         scales=w.scales,
-        lds=w.scales.strides[0] // 2,
+        lds=lds,
         Y=out.reshape(-1),
         ldy=n,
         R=total,

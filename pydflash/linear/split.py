@@ -30,11 +30,12 @@ class GpuTensor(Protocol):
 
 
 def require_row_major(w: GpuTensor, kernel: str) -> None:
-    """Every kernel but the decode linear reads row-major planes only."""
+    """The kernels without tiled entries (all but the decode linear and gemm_quant) read
+    row-major planes only."""
     if w.tile_rows:
         raise ShapeError(
             f"{kernel}: the weight [{w.out_features}, {w.in_features}] is in the tiled layout "
-            f"({w.tile_rows} rows a tile), which only the decode linear reads"
+            f"({w.tile_rows} rows a tile), which {kernel} does not read (row_major() first)"
         )
 
 

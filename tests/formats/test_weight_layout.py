@@ -165,16 +165,15 @@ def test_gpu_tensor_refuses_what_the_layout_cannot_hold():
 
 
 def test_kernels_that_read_row_major_planes_refuse_a_tiled_weight():
-    """gemm.cu, gemm_quant, gemm_bf16act and linear.cu refuse it by name before any launch."""
-    from pydflash.linear import decode, gemm, gemm_bf16act, gemm_quant
+    """gemm.cu, gemm_bf16act and linear.cu refuse it by name before any launch (gemm_quant
+    reads it: tests/linear/test_gemm_quant_gpu.py)."""
+    from pydflash.linear import decode, gemm, gemm_bf16act
 
     q8 = GpuTensor("q8_0", 64, 32, np.zeros(2048, np.uint8), np.zeros(64, np.uint16), 64)
     bf = GpuTensor("bf16", 64, 32, np.zeros(4096, np.uint8), None, 64)
     x = np.zeros((4, 32), np.float32)
     with pytest.raises(ShapeError, match="gemm: the weight .64, 32. is in the tiled layout"):
         gemm.matmul(None, q8, x, 4, np.zeros((4, 64), np.float32))
-    with pytest.raises(ShapeError, match="gemm_quant: .* tiled layout"):
-        gemm_quant.project_split(None, q8, x, 4, None, 256, scratch=None)
     with pytest.raises(ShapeError, match="gemm_bf16act: .* tiled layout"):
         gemm_bf16act.project(None, bf, x, 4, None, scratch=None, tile="w4_64x128_k64")
     with pytest.raises(ShapeError, match="linear.cu sample: .* tiled layout"):

@@ -171,17 +171,21 @@ def test_every_shipped_tile_is_one_the_table_takes():
 
 
 @pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
-def test_layout_rows_tile_only_what_the_decode_linear_alone_reads(caps):
+def test_layout_rows_tile_only_what_tiled_readers_alone_read(caps):
     """The round-only weights (o, gate_up, down, conv projections) of q8_0 / q4_0 are tiled in
-    linear_v3's rows a warp; bf16 ones are read by gemm_bf16act in batched rounds, qkv by the
-    ingest GEMMs (its kv rows), fc by the features GEMM, f32 by linear.cu: all row-major."""
+    linear_v3's rows a warp (the decode linear, and gemm_quant's tiled entries where batches
+    take it); bf16 ones are read by gemm_bf16act in batched rounds, fc by the features GEMM,
+    f32 by linear.cu: all row-major. A weight also read by ingest is tiled where ingest's GEMM
+    is gemm_quant's tile (tensor maps), row-major where it is gemm.cu."""
     from pydflash.linear import decode_v3
 
     for fmt in ("q8_0", "q4_0"):
         rows = dispatch.layout_rows(fmt, dispatch.ROUND_ONLY, caps, k=4096)
         assert rows == decode_v3.DEFAULT.rows(fmt) == 64
         assert dispatch.layout_rows(fmt, ("round",), caps, k=4096) == rows
-        assert dispatch.layout_rows(fmt, (*dispatch.ROUND_ONLY, "ingest"), caps, k=4096) == 0
+        with_ingest = (*dispatch.ROUND_ONLY, "ingest")
+        assert dispatch.layout_rows(fmt, with_ingest, caps, k=4096) == (64 if caps.tma else 0)
+        assert dispatch.layout_rows(fmt, with_ingest, caps, k=4128) == 0  # K % 64: gemm.cu
         assert dispatch.layout_rows(fmt, ("features",), caps, k=4096) == 0
         assert dispatch.layout_rows(fmt, (), caps, k=4096) == 0  # no modes: row-major
         off = dispatch.Policy(tiled_decode=False)
@@ -250,8 +254,9 @@ def test_policy_flags_are_bools(name, value):
 def test_batched_quant_gemm_takes_gemm_quant_from_64_rows_where_tma_does(caps):
     """Policy(batched_quant_gemm=True): a batched bf16-activation round's q8_0 / q4_0 linears
     take gemm_quant's tile over the rounded rows (quant_bf16act) from BF16ACT_ROWS rows where
-    it runs (tensor maps, K a multiple of 64), so their round-only weights are stored row-major; the
-    default keeps the decode linear and the tiled layout, and bf16 / f32 do not move."""
+    it runs (tensor maps, K a multiple of 64), its tiled entries reading the round-only weights
+    in the decode linear's layout; the default keeps the decode linear, and bf16 / f32 do not
+    move."""
     on = dispatch.Policy(batched_quant_gemm=True)
     runs = caps.tma  # wgmma with tensor maps: sm_90 (not NO_TMA; an unknown arch has neither)
     for fmt in ("q8_0", "q4_0"):
@@ -264,7 +269,7 @@ def test_batched_quant_gemm_takes_gemm_quant_from_64_rows_where_tma_does(caps):
         # K not a multiple of the tile's 64: the decode linear
         assert kernel("batched_bf16", fmt, 256, caps, k=4128, policy=on).kernel == "decode_v3"
         tiled = dispatch.layout_rows(fmt, dispatch.ROUND_ONLY, caps, k=4096, policy=on)
-        assert tiled == (0 if runs else 64)
+        assert tiled == 64  # both readers read the tiled layout
         # the family for the batched row alone (ingest's own choice of it turned off)
         alone = dispatch.Policy(batched_quant_gemm=True, quant_ingest=False)
         mods = {f.module for f in dispatch.families(fmt, caps, [4096], alone)}

@@ -115,3 +115,75 @@ def test_box_swizzle_spreads_a_warps_rows_over_the_banks():
                     assert ways == 1, (row_bytes, chunk)
                 elif row_bytes == 64:
                     assert ways == 4
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_fragments_read_the_tiled_layouts_box_exactly(fmt, rng):
+    """The *_tiled entries: formats.layout's tiled planes, copied by u8_tiles' 4-D box (whole
+    tiles of the block's 128 rows, both GGML blocks of the K tile: [tiles][block][row][RB] in
+    shared memory, 32-byte rows swizzled by box_swizzle(., 32)), read at QtLayout's offsets give
+    every thread exactly the quants of the row-major tile's fragments."""
+    from pydflash.formats import layout
+    from pydflash.linear import gemm_quant
+
+    tr = gemm_quant.TILE_ROWS[fmt]
+    rb = 32 if fmt == "q8_0" else 16  # a GGML block's bytes of a row
+    chunks = 6  # K = 192: the box takes chunks 2 kt, 2 kt + 1 of the weight
+    if fmt == "q8_0":
+        q = rng.integers(-128, 128, (128, 32 * chunks))
+        planes = (q & 0xFF).astype(np.uint8)
+    else:
+        q = rng.integers(-8, 8, (128, 32 * chunks))
+        nib = (q + 8).astype(np.uint8)
+        planes = np.empty((128, 16 * chunks), np.uint8)
+        for b in range(chunks):
+            blk = nib[:, 32 * b : 32 * b + 32]
+            planes[:, 16 * b : 16 * b + 16] = blk[:, :16] | (blk[:, 16:] << 4)
+    tiled, _ = layout.tile_planes(planes, None, tr, rb)
+    tiled = tiled.reshape(128 // tr, chunks, tr, rb)
+    kt = 1
+    box = np.ascontiguousarray(tiled[:, 2 * kt : 2 * kt + 2]).reshape(-1)  # the copy's order
+    smem = np.zeros(box.size, np.uint8)
+    for offset in range(box.size):
+        smem[box_swizzle(offset, rb) if rb == 32 else offset] = box[offset]
+
+    def load16(addr: int) -> int:
+        return int(smem[addr]) | int(smem[addr + 1]) << 8
+
+    for tid in range(256):
+        cw, wq, lane = tid >> 7, (tid >> 5) & 3, tid & 31
+        g, t = lane >> 2, lane & 3
+        ra = cw * 64 + wq * 16 + g
+        row_a = (ra // tr) * (2 * tr * rb) + (ra % tr) * rb + 2 * t  # QtLayout::row_off
+        key = ((ra >> 2) & 1) << 4 if fmt == "q8_0" else 0  # QtLayout::key
+        for half in range(2):
+            for h in range(2):
+                for rr in range(2):
+                    p = row_a + 8 * rr * rb + 8 * h + half * tr * rb
+                    if fmt == "q8_0":
+                        a0 = q8_pair(load16(p + (0 ^ key)))
+                        a1 = q8_pair(load16(p + (16 ^ key)))
+                    else:
+                        spread = byte_perm(load16(p), 0, 0x4140)
+                        a0 = q4_pair(spread & 0x000F000F)
+                        a1 = q4_pair((spread >> 4) & 0x000F000F)
+                    row = ra + 8 * rr
+                    for step, reg in ((2 * half, a0), (2 * half + 1, a1)):
+                        k = 64 * kt + 16 * step + 2 * t + 8 * h
+                        assert bf16_pair(reg) == (q[row, k], q[row, k + 1]), (tid, half, h, rr)
+
+
+def test_tiled_boxes_spread_a_warps_rows_over_the_banks():
+    """A warp's fragment loads from the tiled box: 8 rows g x 4 lanes t at RB-byte row steps
+    touch 16 distinct words in 16 distinct banks (q8_0's 32-byte rows by the swizzle, q4_0's
+    16-byte rows as they are)."""
+    for rb, swizzled in ((32, True), (16, False)):
+        for sub in range(rb // 16):
+            for h in range(2):
+                banks: dict[int, set[int]] = {}
+                for lane in range(32):
+                    g, t = lane >> 2, lane & 3
+                    offset = g * rb + 16 * sub + 8 * h + 2 * t
+                    addr = box_swizzle(offset, rb) if swizzled else offset
+                    banks.setdefault(addr // 4 % 32, set()).add(addr // 4)
+                assert max(len(words) for words in banks.values()) == 1, (rb, sub, h)

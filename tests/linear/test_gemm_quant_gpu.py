@@ -105,6 +105,55 @@ def test_project_is_the_rounded_rows_product(sm90, rng, fmt, m, n, k):
     np.testing.assert_array_equal(cp.asnumpy(again), got)
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize(
+    "m,n,k", [(64, 128, 64), (256, 4096, 4096), (129, 200, 1088), (300, 64, 192), (77, 12288, 576)]
+)
+def test_tiled_weights_give_the_row_major_bits(sm90, rng, fmt, m, n, k):
+    """The *_tiled entries over GpuTensor.tiled(decode linear's rows) give the row-major
+    entries' results bit for bit, in both contracts (project's one partial, project_split's
+    two), on the user's stream, with N tails inside a tile and past the last one and odd K
+    tile counts; nothing written past the outputs."""
+    from pydflash.linear import gemm_quant
+
+    e = sm90
+    w, _ = weight(e, rng, n, k, fmt)
+    wt = w.tiled(gemm_quant.TILE_ROWS[fmt])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, :] *= 1e3
+    outs = []
+    for ws in (w, wt):
+        out = cp.full((m * n + 9,), np.nan, np.float32)
+        xd = cp.asarray(x)
+        gemm_quant.project(e, ws, xd, m, out, scratch=cp.zeros(m * k + 64, np.uint16))
+        del xd
+        stride = (m + 3) * n
+        parts = cp.full((2 * stride + 7,), np.nan, np.float32)
+        scratch = cp.zeros((2 * m + 3) * k + 64, np.uint16)
+        gemm_quant.project_split(e, ws, cp.asarray(x), m, parts, stride, scratch=scratch)
+        outs.append((cp.asnumpy(out), cp.asnumpy(parts)))
+    (one, two), (one_t, two_t) = outs
+    assert np.isnan(one_t[m * n :]).all() and not np.isnan(one_t[: m * n]).any()
+    np.testing.assert_array_equal(one_t, one)
+    assert np.isnan(two_t[stride + m * n :]).all(), "wrote past the second partial"
+    np.testing.assert_array_equal(two_t[: m * n], two[: m * n])
+    np.testing.assert_array_equal(two_t[stride:], two[stride:])
+
+
+def test_tiled_weights_in_other_tiles_are_refused(sm90, rng):
+    from pydflash.linear import gemm_quant
+
+    e = sm90
+    w, _ = weight(e, rng, 128, 128, "q8_0")
+    other = w.tiled(gemm_quant.TILE_ROWS["q8_0"] // 2)
+    out = cp.full((16 * 128,), np.nan, np.float32)
+    with pytest.raises(ShapeError, match="tiles of"):
+        gemm_quant.project(
+            e, other, cp.ones((16, 128), np.float32), 16, out, scratch=cp.zeros(4096, np.uint16)
+        )
+    assert np.isnan(cp.asnumpy(out)).all()
+
+
 def test_project_refusals_leave_the_output_untouched(sm90, rng):
     from pydflash.linear import gemm_quant
 
