@@ -544,11 +544,11 @@ def main(argv: list[str] | None = None) -> int:
         "the same drafter all row-major beside it)",
     )
     ap.add_argument(
-        "--batched-quant-gemm",
+        "--no-batched-quant-gemm",
         action="store_true",
-        help="load with Policy(batched_quant_gemm=True): batched bf16-activation rounds of q8_0 "
-        "/ q4_0 weights take gemm_quant's tile from 64 rows (their round-only weights then "
-        "row-major); a second run without the flag is its peer (gpu_suite.sh tables runs both)",
+        help="load with Policy(batched_quant_gemm=False): batched bf16-activation rounds of q8_0 "
+        "/ q4_0 weights keep the decode linear (by default gemm_quant's tile takes them from 65 "
+        "rows); gpu_suite.sh tables runs both",
     )
     ap.add_argument(
         "--peer",
@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         quant_ingest=not args.gemm_cu_ingest,
         wgmma_tile=args.tile or linear.DEFAULT.wgmma_tile,
         batched_bf16_gemm=not args.no_batched_bf16_gemm,
-        batched_quant_gemm=args.batched_quant_gemm,
+        batched_quant_gemm=not args.no_batched_quant_gemm,
     )
 
     from pydflash import Engine

@@ -143,7 +143,7 @@ if [ "$PART" = soak ]; then   # the churn soak, alone on the device (its memory 
 fi
 if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer beside each
   # TABLES_PRESETS (both) and TABLES_ONLY (an extended regex over 4096, 131072, batch,
-  # batch_quant, batch_quant_gemm, decode_bf16) split the part over device calls when it does
+  # batch_quant, batch_quant_decode, decode_bf16) split the part over device calls when it does
   # not fit one
   want() { echo "$1" | grep -q -x -E "${TABLES_ONLY:-.*}"; }
   for ck in ${TABLES_PRESETS:-qwen3-8b-b16 gemma4-31b}; do
@@ -151,8 +151,8 @@ if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer b
     want 131072 && run "tables_${ck}_131072" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 --ctx 131072 --rounds 30 --peer
     want batch && run "tables_${ck}_batch" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --batch 1 16 64 --activations f32 bf16 --rounds 30 --peer
     want batch_quant && run "tables_${ck}_batch_quant" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 f32 --rounds 30
-    # the same with the quant linears of bf16-activation batches on gemm_quant's tile
-    want batch_quant_gemm && run "tables_${ck}_batch_quant_gemm" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 --rounds 30 --batched-quant-gemm
+    # the same with the quant linears of bf16-activation batches on the decode linear
+    want batch_quant_decode && run "tables_${ck}_batch_quant_decode" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 --rounds 30 --no-batched-quant-gemm
     want decode_bf16 && run "tables_${ck}_decode_bf16" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --rounds 200 --row-major --no-batched-bf16-gemm
   done
 fi
@@ -166,11 +166,11 @@ if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
       echo "${tool}_$p $tool $p 40 --precision f32 bf16 q8_0 q4_0 mixed" >> "$OUT/sanitize_jobs.txt"
     done
   done
-  # the batched part with the quant linears on gemm_quant's tile (Policy(batched_quant_gemm))
+  # the batched part with the quant linears on gemm_quant's tile (quant_bf16act)
   for tool in memcheck racecheck initcheck; do
     for p in tiny tiny-dflash2; do
-      # 16 sequences: 64 rows or more at tiny-dflash2's block of 4 (where quant_split starts)
-      echo "${tool}_${p}_quant_gemm $tool $p 80 --precision q8_0 q4_0 mixed --parts batch --batch-activations bf16 --batched-quant-gemm --batch-seqs 16" >> "$OUT/sanitize_jobs.txt"
+      # 32 sequences: more than 64 rows at tiny-dflash2's block of 4 (where quant_bf16act starts)
+      echo "${tool}_${p}_quant_gemm $tool $p 160 --precision q8_0 q4_0 mixed --parts batch --batch-activations bf16 --batch-seqs 32" >> "$OUT/sanitize_jobs.txt"
     done
   done
   for prec in f32 bf16 q8_0 q4_0 mixed; do

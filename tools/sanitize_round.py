@@ -2,7 +2,7 @@
 ctx_features + ingest_ctx (one call, and 8 rows a call: replayed), forward_round (eager, then
 captured and replayed), forward_block, propose (greedy and sampled, replayed), commit
 (replayed), and a batched round of 3 sequences (`--batch-seqs`; exact and bf16 activations,
-replayed; `--batched-quant-gemm` loads with that Policy), each
+replayed; `--no-batched-quant-gemm` loads with Policy(batched_quant_gemm=False)), each
 checked against the NumPy reference so a run that "passes" the sanitizer also computed the
 right thing (propose is run and its tokens printed: the GPU tests compare them). `--parts
 round propose commit batch` picks some of them (round, propose and commit share one KV
@@ -83,7 +83,7 @@ def check(
     ctx: int,
     parts: tuple[str, ...] = PARTS,
     batch_activations: tuple[str, ...] = BATCH_ACTIVATIONS,
-    batched_quant_gemm: bool = False,
+    batched_quant_gemm: bool = True,
     batch_seqs: int = 3,
 ) -> list[str]:
     import cupy as cp
@@ -226,10 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the batched part's activation modes (default both; racecheck runs them apart)",
     )
     ap.add_argument(
-        "--batched-quant-gemm",
+        "--no-batched-quant-gemm",
         action="store_true",
-        help="load with Policy(batched_quant_gemm=True): the batched part's q8_0 / q4_0 linears "
-        "on gemm_quant's tile",
+        help="load with Policy(batched_quant_gemm=False): the batched part's q8_0 / q4_0 "
+        "linears on the decode linear in bf16 mode too (by default gemm_quant's tile takes them "
+        "from 65 rows)",
     )
     ap.add_argument(
         "--batch-seqs",
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         line
         for p in args.precision
         for line in check(
-            p, args.ckpt, args.ctx, parts, modes, args.batched_quant_gemm, args.batch_seqs
+            p, args.ckpt, args.ctx, parts, modes, not args.no_batched_quant_gemm, args.batch_seqs
         )
     ]
     for line in bad:

@@ -38,28 +38,30 @@ The table, row by row (a row's reason is its H200 measurement, docs/performance.
                                                    against wgmma's 241.8, M = 1024 816.4 / 904.9
   batched_bf16 bf16, no wgmma      64 .. 128       bf16act w4_64x128_k64
   batched_bf16 bf16, no wgmma      > 128           bf16act w8_128x128_k64
-  batched_bf16 q8_0 q4_0, TMA,     >= 64 rows      quant_bf16act (gemm_quant_tma.cu, the ingest's
-               K % 64 == 0,                        tile over the rounded rows, one partial; the
-               Policy(batched_quant_gemm=True)     weights read once a row tile): qwen3-8b B = 64
-                                                   q8_0 23.7 -> 15.8 ms with hi / lo partials;
-                                                   off by default: its weights are stored
-                                                   row-major, which slows single rounds
+  batched_bf16 q8_0 q4_0, TMA,     > 64 rows       quant_bf16act (gemm_quant_tma.cu, the ingest's
+               K % 64 == 0                         tile over the rounded rows, one partial, the
+                                                   weights read once a row tile, tiled or not):
+                                                   qwen3-8b q8_0 rounds of 8 / 16 / 64 blocks
+                                                   2.18 / 2.74 / 8.50 ms against the decode
+                                                   linear's 3.35 / 6.35 / 24.2; at 4 blocks
+                                                   (64 rows) 2.00 against 1.87
   batched_bf16 other, < 64 rows,                   the round's decode kernel (the exact path): at
-               Policy(batched_bf16_gemm=False)     M <= 32 it streams the weights once or twice
+               Policy(batched_bf16_gemm=False),    M <= 32 it streams the weights once or twice
+               Policy(batched_quant_gemm=False)
 
 And the layout a weight is stored in at load (`layout_rows`), from the modes it is read in:
 
   tiled (linear_v3_tiled.cu)  bf16 q8_0 q4_0, when every choice above for its modes, at every
-                              row count, is decode_v3: each ring stage one contiguous run,
+                              row count, reads it (TILED_READERS: decode_v3, and gemm_quant's
+                              tiled entries): each ring stage one contiguous run,
                               the same results bit for bit; qwen3-8b's o / gate_up / down at
                               16 rows 10.0 / 50.8 / 26.5 us against 11.2 / 58.2 / 30.6 (bf16),
                               7.6 / 35.6 / 16.9 against 10.4 / 47.2 / 23.0 (q4_0)
                               (tools/bench_linear.py --tiled). A layer's o, gate_up, down and
-                              conv projections in q8_0 / q4_0, unless
-                              Policy(batched_quant_gemm=True) (gemm_quant reads them then;
-                              bf16 ones are read by gemm_bf16act in batched rounds, unless
-                              Policy(batched_bf16_gemm=False); qkv by the ingest GEMMs, fc by
-                              the features GEMM)
+                              conv projections in q8_0 / q4_0 (bf16 ones are read by
+                              gemm_bf16act in batched rounds, unless
+                              Policy(batched_bf16_gemm=False); qkv's rows are taken as views,
+                              fc is read by the features GEMM)
   row-major                   every other weight
 
 A new weight format adds its rows here (and its launchers' kernels); a new architecture opts
@@ -93,6 +95,10 @@ GEMM_ROWS = 448
 # Rows from which a batched round's bf16-activation mode takes gemm_bf16act (the bucket of 4
 # qwen3-8b blocks, M = 64, is the first where tiles of 128 rows beat re-streaming the weights)
 BF16ACT_ROWS = 64
+# Rows from which a batched round's bf16-activation mode takes gemm_quant's tile for q8_0 / q4_0
+# (at 64 rows the decode linear is level or ahead, 1.87 against 2.00 ms a qwen3-8b q8_0 round;
+# at 128 the tile is 1.5x ahead, 2.18 against 3.35)
+QUANT_BF16ACT_ROWS = 65
 # gemm_bf16act's small tile up to these rows (wgmma devices / the others)
 SMALL_TILE_ROWS_WGMMA = 64
 SMALL_TILE_ROWS = 128
@@ -100,7 +106,7 @@ SMALL_TILE_ROWS = 128
 # TMA tile (the default where tensor maps take the call)
 WGMMA_TILES = (gemm_bf16act.WGMMA_TILE, *gemm_bf16act.TMA_TILES)
 # a row count on each side of every threshold of the table
-PROBE_ROWS = (1, 16, BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM_ROWS, 4096)
+PROBE_ROWS = (1, 16, BF16ACT_ROWS, QUANT_BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM_ROWS, 4096)
 # the modes a layer's o, gate_up, down and DFlash2 conv projections are read in
 ROUND_ONLY = ("round", "batched_bf16")
 # the kernels with entries for the tiled layout (decode_v3's rows a tile, gemm_quant.TILE_ROWS
@@ -122,10 +128,9 @@ class Policy:
     # decode linear, as for the quant formats, so a bf16 drafter's round-only weights are
     # only read by it and stored tiled too: faster single rounds, slower large batches)
     batched_bf16_gemm: bool = True
-    # batched rounds' bf16 activations through gemm_quant's tile for q8_0 / q4_0 weights
-    # (False: the decode linear); True stores their round-only weights row-major, which slows
-    # single rounds. Not yet measured against the decode linear: off unless asked for
-    batched_quant_gemm: bool = False
+    # batched rounds' bf16 activations through gemm_quant's tile for q8_0 / q4_0 weights from
+    # QUANT_BF16ACT_ROWS rows (False: the decode linear, the exact products, as in f32 mode)
+    batched_quant_gemm: bool = True
 
     def __post_init__(self) -> None:
         if self.wgmma_tile not in WGMMA_TILES:
@@ -206,7 +211,7 @@ def choose(
         if (
             fmt in gemm_quant.FORMATS
             and policy.batched_quant_gemm
-            and rows >= BF16ACT_ROWS
+            and rows >= QUANT_BF16ACT_ROWS
             and caps.tma
             and k % gemm_quant.BLOCK_K == 0
             and gemm_quant.smem_bytes(fmt) <= caps.smem_per_block

@@ -304,13 +304,13 @@ def test_bf16_activations_equal_single_rounds_to_rounding(engine, ckpts, rng, na
 
 
 def _quant_gemm_drafter(e, path, precision):
-    """The drafter with Policy(batched_quant_gemm=True), or a skip where gemm_quant's tile does
-    not run (no tensor maps)."""
+    """The drafter (whose bf16-activation batches of more than 64 rows take gemm_quant's tile
+    by default), or a skip where that tile does not run (no tensor maps)."""
     from pydflash import DflashDraft, linear
+    from pydflash.linear.dispatch import QUANT_BF16ACT_ROWS
 
-    policy = linear.Policy(batched_quant_gemm=True)
-    d = DflashDraft.load(e, path, precision, policy=policy)
-    if linear.batched_choice(e, d.layers[0].o, 64, 1, policy).kernel != "quant_bf16act":
+    d = DflashDraft.load(e, path, precision)
+    if linear.batched_choice(e, d.layers[0].o, QUANT_BF16ACT_ROWS, 1).kernel != "quant_bf16act":
         pytest.skip(f"quant_bf16act is not chosen on {e.caps.arch} (tensor maps, K, shared memory)")
     return d
 
@@ -320,13 +320,13 @@ def _quant_gemm_drafter(e, path, precision):
 def test_batched_quant_gemm_equals_single_rounds_to_rounding(
     engine, ckpts, rng, monkeypatch, name, precision
 ):
-    """Policy(batched_quant_gemm=True): a bf16-activation round of enough sequences that the
-    q8_0 / q4_0 linears take gemm_quant's tile over the rounded rows (gate_up through
-    silu_mul_split) equals the exact single rounds to the mode's rounding; the exact batched
-    round of the same drafter (decode linear, row-major weights) stays bit for bit. The
+    """A bf16-activation round of enough sequences that the q8_0 / q4_0 linears take
+    gemm_quant's tile over the rounded rows (gate_up through silu_mul_split; the round-only
+    weights in the tiled layout) equals the exact single rounds to the mode's rounding; the
+    exact batched round of the same drafter (the decode linear) stays bit for bit. The
     launchers are wrapped (calling through) to see that every linear of a layer took it."""
     from pydflash.draft import batch_round
-    from pydflash.linear.dispatch import BF16ACT_ROWS
+    from pydflash.linear.dispatch import QUANT_BF16ACT_ROWS
 
     e = engine
     d = _quant_gemm_drafter(e, ckpts[name], precision)
@@ -346,7 +346,7 @@ def test_batched_quant_gemm_equals_single_rounds_to_rounding(
 
     monkeypatch.setattr(batch_round.gemm_quant, "project", spy_project)
     monkeypatch.setattr(batch_round.elementwise, "silu_mul_split", spy_silu)
-    n = -(-BF16ACT_ROWS // d.cfg.block_size) + 3
+    n = -(-QUANT_BF16ACT_ROWS // d.cfg.block_size) + 3
     lens = [int(t) for t in rng.integers(0, 200, n)]
     lens[0], lens[1] = 0, 1
     worst = _bf16_vs_single(e, d, n, lens, rng, 300)
@@ -361,13 +361,13 @@ def test_batched_quant_gemm_equals_single_rounds_to_rounding(
 
 
 def test_batched_quant_gemm_sizes_the_pool_it_needs(engine, tmp_path, rng):
-    """A pool of one sequence whose block alone is 64 rows takes quant_bf16act (its buffers
+    """A pool of one sequence whose block alone is 80 rows takes quant_bf16act (its buffers
     hold gate_up's product), and equals its single round to rounding; a pool whose linears
-    never take it (the default policy) allocates no such buffer."""
-    from pydflash import DflashDraft
+    never take it (Policy(batched_quant_gemm=False)) allocates no such buffer."""
+    from pydflash import DflashDraft, linear
 
     e = engine
-    path = make_checkpoint(tmp_path / "b64", "tiny", seed=25, overrides={"block_size": 64})
+    path = make_checkpoint(tmp_path / "b80", "tiny", seed=25, overrides={"block_size": 80})
     d = _quant_gemm_drafter(e, path, "q8_0")
     c, b = d.cfg, d.cfg.block_size
     pool, kv = d.new_batch_kv(e, 1, 200), d.new_kv(e, 200)
@@ -384,7 +384,7 @@ def test_batched_quant_gemm_sizes_the_pool_it_needs(engine, tmp_path, rng):
     assert rounds.buf.ff_part.shape == (b, d.layers[0].gate_up.out_features)
     want = cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise[0]), block[0]))
     assert rel(cp.asnumpy(fast)[0], want) < BF16_ACTIVATIONS
-    plain = DflashDraft.load(e, path, "q8_0")
+    plain = DflashDraft.load(e, path, "q8_0", policy=linear.Policy(batched_quant_gemm=False))
     pool2 = plain.new_batch_kv(e, 1, 200)
     pool2.add()
     rounds2 = plain._pool_rounds(e, pool2)

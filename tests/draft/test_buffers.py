@@ -1,5 +1,5 @@
 """RoundBuffers' shapes on the CPU (host stand-ins for the layer's weights and split factors):
-a batched pool whose gate_up takes quant_bf16act (Policy(batched_quant_gemm=True); the pool's
+a batched pool whose gate_up takes quant_bf16act (the default policy past 64 rows; the pool's
 PoolRounds decides) holds gate_up's product in a buffer of its own; nothing else changes."""
 
 import types

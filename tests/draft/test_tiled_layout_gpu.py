@@ -1,13 +1,15 @@
 """The drafter with its round-only weights in the decode linear's tiled layout (the dispatch
 table's default for q8_0 / q4_0: linear.layout_rows) against the same checkpoint loaded all
 row-major (Policy(tiled_decode=False)), and the same with Policy(batched_bf16_gemm=False), which
-tiles bf16 drafters' round-only weights too: forward_round, propose (greedy and sampled), commit and
-batched rounds in both activation modes bit for bit, the reference weights identical, called
-from CuPy's default stream with fresh inputs read back with cp.asnumpy (skipped without a
-CUDA device)."""
+tiles bf16 drafters' round-only weights too: forward_round, propose (greedy and sampled),
+commit and batched rounds in both activation modes (past 64 rows gemm_quant's tiled entries)
+bit for bit, the reference weights identical, called from CuPy's default stream with fresh
+inputs read back with cp.asnumpy (skipped without a CUDA device)."""
 
 import numpy as np
 import pytest
+
+from pydflash.linear.dispatch import QUANT_BF16ACT_ROWS
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
 
@@ -84,9 +86,11 @@ def test_tiled_drafter_equals_row_major_bit_for_bit(
                 got.append(cp.asnumpy(p.tokens))
         d.commit(e, kv, cp.asarray(taps[ctx : ctx + 3]), np.arange(ctx, ctx + 3), 3)
         got.append(cp.asnumpy(d.forward_round(e, kv, cp.asarray(noise), pos + 3)))
-        pool = d.new_batch_kv(e, 3, ctx + c.block_size)
-        slots = [pool.add() for _ in range(3)]
-        counts = [ctx, ctx - 4, ctx - 9]
+        # enough sequences that bf16 activations take gemm_quant's tile (its tiled entries)
+        n = max(3, -(-QUANT_BF16ACT_ROWS // c.block_size))
+        pool = d.new_batch_kv(e, n, ctx + c.block_size)
+        slots = [pool.add() for _ in range(n)]
+        counts = [ctx - (0, 4, 9, 2, 6)[i % 5] for i in range(n)]
         feats = d.ctx_features(
             e, cp.asarray(np.concatenate([taps[:n] for n in counts])), sum(counts)
         )
@@ -96,7 +100,7 @@ def test_tiled_drafter_equals_row_major_bit_for_bit(
         blocks = np.stack([np.arange(n, n + c.block_size) for n in counts])
         for act in ("f32", "bf16"):
             out = d.forward_round_batch(
-                e, pool, slots, cp.asarray(np.stack([noise] * 3)), blocks, activations=act
+                e, pool, slots, cp.asarray(np.stack([noise] * n)), blocks, activations=act
             )
             got.append(cp.asnumpy(out))
         results.append(got)

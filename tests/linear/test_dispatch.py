@@ -72,8 +72,11 @@ def test_batched_bf16_tiles():
     for caps in [*OTHERS, NEW]:
         assert kernel("batched_bf16", "bf16", 128, caps) == ("bf16act", small)
         assert kernel("batched_bf16", "bf16", 129, caps) == ("bf16act", gemm_bf16act.DEFAULT_TILE)
-    for fmt in ("q8_0", "q4_0", "f32"):  # the exact decode linear keeps them
-        assert kernel("batched_bf16", fmt, 4096, H200).kernel.startswith("decode")
+    for fmt in ("q8_0", "q4_0"):  # gemm_quant's tile past 64 rows where tensor maps run
+        assert kernel("batched_bf16", fmt, 64, H200).kernel == "decode_v3"
+        assert kernel("batched_bf16", fmt, 65, H200).kernel == "quant_bf16act"
+        assert kernel("batched_bf16", fmt, 4096, NO_TMA).kernel == "decode_v3"
+    assert kernel("batched_bf16", "f32", 4096, H200).kernel == "decode_f32"
     forced = dispatch.Policy(wgmma_tile="wgmma_128x128_k64")  # bench_round --tile
     assert kernel("batched_bf16", "bf16", 512, H200, policy=forced).tile == "wgmma_128x128_k64"
     assert kernel("ingest", "bf16", G, H200, policy=forced).tile == "wgmma_128x128_k64"
@@ -145,7 +148,7 @@ def test_every_chosen_kernel_is_one_the_launchers_have():
     """Every (mode, format, rows, caps) the table answers names a launcher of the package and,
     for the tiled GEMMs, a tile gemm_bf16act instantiates."""
     kernels = {"decode_v3", "decode_f32", "sample", "sample_f32", "gemm", "bf16act_split"}
-    kernels |= {"quant_split", "bf16act"}
+    kernels |= {"quant_split", "quant_bf16act", "bf16act"}
     for caps in [H200, NO_TMA, *OTHERS, NEW]:
         for mode in dispatch.MODES:
             for fmt in (*FORMATS, "f32"):
@@ -251,45 +254,46 @@ def test_policy_flags_are_bools(name, value):
 
 
 @pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
-def test_batched_quant_gemm_takes_gemm_quant_from_64_rows_where_tma_does(caps):
-    """Policy(batched_quant_gemm=True): a batched bf16-activation round's q8_0 / q4_0 linears
-    take gemm_quant's tile over the rounded rows (quant_bf16act) from BF16ACT_ROWS rows where
-    it runs (tensor maps, K a multiple of 64), its tiled entries reading the round-only weights
-    in the decode linear's layout; the default keeps the decode linear, and bf16 / f32 do not
-    move."""
-    on = dispatch.Policy(batched_quant_gemm=True)
+def test_batched_quant_gemm_takes_gemm_quant_past_64_rows_where_tma_does(caps):
+    """By default a batched bf16-activation round's q8_0 / q4_0 linears take gemm_quant's tile
+    over the rounded rows (quant_bf16act) from QUANT_BF16ACT_ROWS (65) rows where it runs
+    (tensor maps, K a multiple of 64), its tiled entries reading the round-only weights in the
+    decode linear's layout; Policy(batched_quant_gemm=False) keeps the decode linear; bf16 /
+    f32 do not move."""
+    off = dispatch.Policy(batched_quant_gemm=False)
     runs = caps.tma  # wgmma with tensor maps: sm_90 (not NO_TMA; an unknown arch has neither)
+    assert dispatch.QUANT_BF16ACT_ROWS == 65 and dispatch.DEFAULT.batched_quant_gemm is True
     for fmt in ("q8_0", "q4_0"):
-        for rows in (1, 16, 63):
-            assert kernel("batched_bf16", fmt, rows, caps, policy=on).kernel == "decode_v3"
-        for rows in (64, 65, 256, 1024):
+        for rows in (1, 16, 63, 64):
+            assert kernel("batched_bf16", fmt, rows, caps).kernel == "decode_v3"
+        for rows in (65, 128, 256, 1024):
             want = "quant_bf16act" if runs else "decode_v3"
-            assert kernel("batched_bf16", fmt, rows, caps, policy=on).kernel == want
-            assert kernel("batched_bf16", fmt, rows, caps).kernel == "decode_v3"  # default
+            assert kernel("batched_bf16", fmt, rows, caps).kernel == want
+            assert kernel("batched_bf16", fmt, rows, caps, policy=off).kernel == "decode_v3"
         # K not a multiple of the tile's 64: the decode linear
-        assert kernel("batched_bf16", fmt, 256, caps, k=4128, policy=on).kernel == "decode_v3"
-        tiled = dispatch.layout_rows(fmt, dispatch.ROUND_ONLY, caps, k=4096, policy=on)
-        assert tiled == 64  # both readers read the tiled layout
+        assert kernel("batched_bf16", fmt, 256, caps, k=4128).kernel == "decode_v3"
+        for policy in (dispatch.DEFAULT, off):  # both readers read the tiled layout
+            assert dispatch.layout_rows(fmt, dispatch.ROUND_ONLY, caps, k=4096, policy=policy) == 64
         # the family for the batched row alone (ingest's own choice of it turned off)
-        alone = dispatch.Policy(batched_quant_gemm=True, quant_ingest=False)
+        alone = dispatch.Policy(quant_ingest=False)
         mods = {f.module for f in dispatch.families(fmt, caps, [4096], alone)}
         assert ("gemm_quant_tma" in mods) == runs
-        no_ingest = dispatch.Policy(quant_ingest=False)
+        neither = dispatch.Policy(quant_ingest=False, batched_quant_gemm=False)
         assert "gemm_quant_tma" not in {
-            f.module for f in dispatch.families(fmt, caps, [4096], no_ingest)
+            f.module for f in dispatch.families(fmt, caps, [4096], neither)
         }
     for fmt in ("bf16", "f32"):
         for rows in (16, 64, 256):
-            assert kernel("batched_bf16", fmt, rows, caps, policy=on) == kernel(
+            assert kernel("batched_bf16", fmt, rows, caps, policy=off) == kernel(
                 "batched_bf16", fmt, rows, caps
             )
 
 
 def test_round_splits_of_quant_bf16act_are_one_partial():
     rt = types.SimpleNamespace(caps=H200)
-    on = dispatch.Policy(batched_quant_gemm=True)
+    off = dispatch.Policy(batched_quant_gemm=False)
     w = types.SimpleNamespace(fmt="q4_0", out_features=4096, in_features=4096)
-    assert linear.round_splits(rt, w, 256, 4, on) == 1  # one launch over the rounded rows
-    assert linear.round_splits(rt, w, 1024, 1, on) == 1
-    assert linear.round_splits(rt, w, 256, 4) == 4  # default: the decode linear's own
-    assert linear.round_splits(rt, w, 32, 4, on) == 4  # below 64 rows: the decode linear
+    assert linear.round_splits(rt, w, 256, 4) == 1  # one launch over the rounded rows
+    assert linear.round_splits(rt, w, 1024, 1) == 1
+    assert linear.round_splits(rt, w, 256, 4, off) == 4  # the decode linear's own
+    assert linear.round_splits(rt, w, 64, 4) == 4  # 64 rows: the decode linear
