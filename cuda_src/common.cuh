@@ -136,6 +136,17 @@ __device__ __forceinline__ void split4(float4 v, unsigned (&hi)[2], unsigned (&l
 // The MLP's gate activation: every silu_mul (the linears' epilogues, elementwise.cu).
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
+// Element k of bf16 weight row n: row-major planes [N, K] (tile_rows 0) or the decode linear's
+// tiled layout [N / tr][K / 32][tr][32] (tr = tile_rows, pydflash/formats/layout.py). A 16-byte
+// piece (8 elements of one 32-chunk) is contiguous in both, so cp.async copies read either.
+__device__ __forceinline__ const bf16_bits* weight_elem(const bf16_bits* W, int n, int k, int K,
+                                                        int tile_rows) {
+    if (tile_rows == 0) return W + (long long)n * K + k;
+    const int tile = n / tile_rows;
+    return W + (((long long)tile * (K >> 5) + (k >> 5)) * tile_rows + (n - tile * tile_rows)) * 32 +
+           (k & 31);
+}
+
 // Asynchronous global -> shared copies (sm_80+): `valid` false zero-fills the destination.
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool valid) {
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);

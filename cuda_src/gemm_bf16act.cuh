@@ -2,7 +2,8 @@
 // instantiated by cuda_src/gemm_bf16act.cu (the tiles the dispatch table takes) and by
 // dev/cuda/gemm_bf16act_tiles.cu (the tiles benchmarked beside them).
 //
-// gemm_bf16act_<epilogue>_<tile>: W bf16 [N, K] (rows K-contiguous), Xb bf16 [M, K]. A block of
+// gemm_bf16act_<epilogue>_<tile>: W bf16 [N, K] (rows K-contiguous; or, tile_rows > 0, the
+// decode linear's tiled layout: common.cuh weight_elem), Xb bf16 [M, K]. A block of
 // WM x WN warps owns BM = WM * MT * 16 rows of X by BN = WN * NT * 8 rows of W; a warp owns MT
 // m-tiles x NT n-tiles of mma.m16n8k16, fragments by ldmatrix.x4. K is walked in BK-wide tiles
 // (32 or 64: 64- or 128-byte shared rows) through a STAGES-deep cp.async ring. The 16-byte chunk
@@ -57,8 +58,8 @@ struct Tile {
 // into one stage; rows past M or N, and 32-chunks at or past c_end, zero-filled.
 template <class T>
 __device__ __forceinline__ void g16_load(unsigned char* stage, const bf16_bits* Xb,
-                                         const bf16_bits* W, int M, int N, int K, int m0, int n0,
-                                         int c0, int c_end, int kt, int tid) {
+                                         const bf16_bits* W, int tile_rows, int M, int N, int K,
+                                         int m0, int n0, int c0, int c_end, int kt, int tid) {
     const int k0 = (c0 + kt * (T::BK / 32)) * 32;
 #pragma unroll
     for (int i = 0; i < T::BM * T::CHUNKS / T::THREADS; ++i) {
@@ -72,8 +73,8 @@ __device__ __forceinline__ void g16_load(unsigned char* stage, const bf16_bits* 
         const int c = tid + i * T::THREADS, r = c / T::CHUNKS, q = c % T::CHUNKS;
         const int k = k0 + q * 8;
         const bool ok = n0 + r < N && k < c_end * 32;
-        cp_async16(stage + T::X_BYTES + T::at(r, q), ok ? W + (long long)(n0 + r) * K + k : W,
-                   ok);
+        cp_async16(stage + T::X_BYTES + T::at(r, q),
+                   ok ? weight_elem(W, n0 + r, k, K, tile_rows) : W, ok);
     }
 }
 
@@ -81,7 +82,8 @@ template <class T, int EPI>
 __device__ __forceinline__ void g16_tiles(const bf16_bits* __restrict__ W,
                                           const bf16_bits* __restrict__ Xb, float* __restrict__ Y,
                                           long long ldy, int M, int N, int K,
-                                          int chunks_per_split, long long split_stride) {
+                                          int chunks_per_split, long long split_stride,
+                                          int tile_rows) {
     extern __shared__ __align__(128) unsigned char g16_smem[];
     constexpr int MT = T::MT, NT = T::NT, KSTEPS = T::BK / 16;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -103,7 +105,8 @@ __device__ __forceinline__ void g16_tiles(const bf16_bits* __restrict__ W,
 #pragma unroll
     for (int s = 0; s < T::STAGES - 1; ++s) {
         if (s < nk)
-            g16_load<T>(g16_smem + s * T::STAGE, Xb, W, M, N, K, m0, n0, c0, c_end, s, tid);
+            g16_load<T>(g16_smem + s * T::STAGE, Xb, W, tile_rows, M, N, K, m0, n0, c0, c_end, s,
+                        tid);
         cp_async_commit();
     }
 
@@ -118,8 +121,8 @@ __device__ __forceinline__ void g16_tiles(const bf16_bits* __restrict__ W,
         __syncthreads();  // everyone's have, and every warp is done with tile kt - 1
         const int next = kt + T::STAGES - 1;  // into the stage tile kt - 1 used
         if (next < nk)
-            g16_load<T>(g16_smem + (next % T::STAGES) * T::STAGE, Xb, W, M, N, K, m0, n0, c0,
-                        c_end, next, tid);
+            g16_load<T>(g16_smem + (next % T::STAGES) * T::STAGE, Xb, W, tile_rows, M, N, K, m0,
+                        n0, c0, c_end, next, tid);
         cp_async_commit();
         const unsigned char* xs = g16_smem + (kt % T::STAGES) * T::STAGE;
         const unsigned char* ws = xs + T::X_BYTES;
@@ -183,9 +186,11 @@ __device__ __forceinline__ void g16_tiles(const bf16_bits* __restrict__ W,
     extern "C" __global__ void __launch_bounds__(32 * WM * WN)                                \
         gemm_bf16act_##name##_##tile(const bf16_bits* W, const bf16_bits* Xb, float* Y,       \
                                      long long ldy, int M, int N, int K,                      \
-                                     int chunks_per_split, long long split_stride) {          \
+                                     int chunks_per_split, long long split_stride,            \
+                                     int tile_rows) {                                         \
         g16_tiles<Tile<WM, WN, MT, NT, BK, STAGES>, EPI>(W, Xb, Y, ldy, M, N, K,              \
-                                                         chunks_per_split, split_stride);     \
+                                                         chunks_per_split, split_stride,      \
+                                                         tile_rows);                          \
     }
 #define G16_ENTRY(tile, WM, WN, MT, NT, BK, STAGES)                                           \
     G16_KERNEL(store, tile, G16_EPI_STORE, WM, WN, MT, NT, BK, STAGES)                        \

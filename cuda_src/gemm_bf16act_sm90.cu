@@ -18,6 +18,7 @@
 // Accumulators: warp w of a warpgroup holds its rows 16w.., as the mma.m16n8 C fragment per
 // n-tile of 8: d[4j + 0, 1] = (row g, columns 8j + 2t, + 1), d[4j + 2, 3] = row g + 8.
 //
+// W row-major, or (tile_rows > 0) in the decode linear's tiled layout (common.cuh weight_elem).
 // Preconditions (the launcher's): K % 32 == 0, W and Xb 16-byte aligned, N % 16 == 0 for
 // silu_mul. Grid: x = M tiles, y = N tiles, z = K splits; dynamic shared memory
 // WG_STAGES * 32 KiB + 1 KiB (the 1024-byte alignment of the ring).
@@ -39,8 +40,8 @@ PYDFLASH_REQUIRE(WG_STAGES);
 // 128 rows x 8 chunks of each operand, four of each per thread; rows past M or N and 32-chunks
 // at or past c_end zero-filled.
 __device__ __forceinline__ void wg_load(unsigned char* stage, const bf16_bits* Xb,
-                                        const bf16_bits* W, int M, int N, int K, int m0, int n0,
-                                        int c0, int c_end, int kt, int tid) {
+                                        const bf16_bits* W, int tile_rows, int M, int N, int K,
+                                        int m0, int n0, int c0, int c_end, int kt, int tid) {
     const int k0 = (c0 + 2 * kt) * 32;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -49,8 +50,8 @@ __device__ __forceinline__ void wg_load(unsigned char* stage, const bf16_bits* X
         const bool kin = k < c_end * 32;
         const bool ok_x = m0 + r < M && kin, ok_w = n0 + r < N && kin;
         cp_async16(stage + wg_at(r, q), ok_x ? Xb + (long long)(m0 + r) * K + k : Xb, ok_x);
-        cp_async16(stage + WG_TILE_BYTES + wg_at(r, q), ok_w ? W + (long long)(n0 + r) * K + k : W,
-                   ok_w);
+        cp_async16(stage + WG_TILE_BYTES + wg_at(r, q),
+                   ok_w ? weight_elem(W, n0 + r, k, K, tile_rows) : W, ok_w);
     }
 }
 
@@ -58,7 +59,7 @@ template <int EPI>
 __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
                                          const bf16_bits* __restrict__ Xb, float* __restrict__ Y,
                                          long long ldy, int M, int N, int K, int chunks_per_split,
-                                         long long split_stride) {
+                                         long long split_stride, int tile_rows) {
 #if WG_ENABLED
     extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
     // the ring starts at the first 1024-byte boundary (the launcher adds 1 KiB)
@@ -78,7 +79,9 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
 
 #pragma unroll
     for (int s = 0; s < WG_STAGES - 1; ++s) {
-        if (s < nk) wg_load(ring + s * WG_STAGE_BYTES, Xb, W, M, N, K, m0, n0, c0, c_end, s, tid);
+        if (s < nk)
+            wg_load(ring + s * WG_STAGE_BYTES, Xb, W, tile_rows, M, N, K, m0, n0, c0, c_end, s,
+                    tid);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; ++kt) {
@@ -87,8 +90,8 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
         __syncthreads();  // everyone's have; every warpgroup is done with tile kt - 1
         const int next = kt + WG_STAGES - 1;
         if (next < nk)
-            wg_load(ring + (next % WG_STAGES) * WG_STAGE_BYTES, Xb, W, M, N, K, m0, n0, c0, c_end,
-                    next, tid);
+            wg_load(ring + (next % WG_STAGES) * WG_STAGE_BYTES, Xb, W, tile_rows, M, N, K, m0, n0,
+                    c0, c_end, next, tid);
         cp_async_commit();
         const unsigned char* xs = ring + (kt % WG_STAGES) * WG_STAGE_BYTES;
         const unsigned long long a = wg_desc(xs + wg * 64 * 128);  // this warpgroup's 64 rows
@@ -141,8 +144,8 @@ __device__ __forceinline__ void wg_tiles(const bf16_bits* __restrict__ W,
 #define WG_ENTRY(name, EPI)                                                                    \
     extern "C" __global__ void __launch_bounds__(WG_THREADS)                                   \
         name(const bf16_bits* W, const bf16_bits* Xb, float* Y, long long ldy, int M, int N,   \
-             int K, int chunks_per_split, long long split_stride) {                            \
-        wg_tiles<EPI>(W, Xb, Y, ldy, M, N, K, chunks_per_split, split_stride);                 \
+             int K, int chunks_per_split, long long split_stride, int tile_rows) {             \
+        wg_tiles<EPI>(W, Xb, Y, ldy, M, N, K, chunks_per_split, split_stride, tile_rows);      \
     }
 WG_ENTRY(gemm_bf16act_store_wgmma, WG_EPI_STORE)
 WG_ENTRY(gemm_bf16act_silu_mul_wgmma, WG_EPI_SILU_MUL)

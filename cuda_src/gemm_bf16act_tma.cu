@@ -5,3 +5,4 @@
 #include "gemm_bf16act_tma.cuh"
 
 TM_TILE(tma_128x128_s6, 128, 6, 1)
+TM_TILE_TILED(tma_128x128_s6, 128, 6, 1)  // gemm_bf16act_<epilogue>_tma_128x128_s6_tiled

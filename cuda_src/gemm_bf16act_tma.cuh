@@ -18,7 +18,8 @@
 // Compiled for sm_90a only (Family(arch_specific=True)). The tensor maps (CUtensorMap, 128
 // bytes) come as __grid_constant__ kernel parameters, encoded on the host
 // (pydflash/device/tensormap.py): X as [rows, K] bf16 with a 64 x 128 box, W as [N, K] with a
-// 64 x BN box, both swizzled 128B: the layout wg_desc describes (1024-byte aligned tiles).
+// 64 x BN box, both swizzled 128B: the layout wg_desc describes (1024-byte aligned tiles); or W
+// in the decode linear's tiled layout (TM_TILE_TILED: TmaWeights below).
 //
 // Preconditions (the launcher's): K % 64 == 0 or one split, chunks_per_split even (a split is
 // whole 64-wide K tiles), N % 16 == 0 for silu_mul. Grid: x = M tiles of 128, y = N tiles of BN,
@@ -46,10 +47,40 @@ struct TmaMma<128> {
     }
 };
 
-template <int BN, int STAGES, int EPI>
+// A stage's W tile, row-major weights: one 2-D box [BN rows][64 bf16], 128B-swizzled (wg_desc).
+// The tiled layout (TILED; pydflash/formats/layout.py, tiles of tile_rows rows, BN a multiple
+// of them): two 4-D boxes, one per 32-chunk of the K tile, each [BN / tile_rows tiles][tile_rows
+// rows][32 bf16] = BN rows of 64 bytes, 64B-swizzled: the chunk's sub-tile, which wgmma reads
+// with a 64B-swizzle descriptor (8-row groups 512 bytes apart), k-steps 2 j, 2 j + 1 from
+// sub-tile j, 32 bytes apart. The same products in the same order: the results are the
+// row-major entries' bit for bit.
+template <int BN, bool TILED>
+struct TmaWeights {
+    static constexpr int CHUNK_BYTES = BN * 64;  // a 32-chunk's sub-tile (TILED)
+    static __device__ __forceinline__ void load(unsigned dst, const TensorMap* wmap,
+                                                unsigned full, int c, int n0, int tile_rows) {
+        if (TILED) {
+            tma_load_4d(dst, wmap, full, 0, 0, c, n0 / tile_rows);
+            tma_load_4d(dst + CHUNK_BYTES, wmap, full, 0, 0, c + 1, n0 / tile_rows);
+        } else {
+            tma_load_2d(dst, wmap, full, c * 32, n0);
+        }
+    }
+    static __device__ __forceinline__ unsigned long long desc(const unsigned char* ws) {
+        return TILED ? wg_desc_64b(ws) : wg_desc(ws);
+    }
+    // the descriptor of k-step ks (16 wide) of the tile from desc(ws) = b
+    static __device__ __forceinline__ unsigned long long step(unsigned long long b, int ks) {
+        return TILED ? b + (ks >> 1) * (CHUNK_BYTES >> 4) + 2 * (ks & 1) : b + 2 * ks;
+    }
+};
+
+template <int BN, int STAGES, int EPI, bool TILED>
 __device__ __forceinline__ void tma_tiles(const TensorMap* wmap, const TensorMap* xmap, float* Y,
                                           long long ldy, int M, int N, int K,
-                                          int chunks_per_split, long long split_stride) {
+                                          int chunks_per_split, long long split_stride,
+                                          int tile_rows) {
+    using Wt = TmaWeights<BN, TILED>;
 #if WG_ENABLED
     constexpr int W_BYTES = BN * 128, STAGE_BYTES = TM_X_BYTES + W_BYTES;
     extern __shared__ __align__(1024) unsigned char tm_smem_raw[];
@@ -65,11 +96,11 @@ __device__ __forceinline__ void tma_tiles(const TensorMap* wmap, const TensorMap
 
     if (tid >= TM_CONSUMERS) {  // the producer warp: one thread issues every copy
         if (tid == TM_CONSUMERS)
-            tma_produce_pairs<STAGES>(
-                ring, nk, STAGE_BYTES, TM_X_BYTES, xmap, wmap,
-                [&](int kt, int& xc, int& xr, int& wc, int& wr) {
-                    xc = wc = (c0 + 2 * kt) * 32, xr = m0, wr = n0;
-                });
+            tma_produce<STAGES>(ring, nk, STAGE_BYTES, [&](int kt, unsigned stage, unsigned full) {
+                const int c = c0 + 2 * kt;
+                tma_load_2d(stage, xmap, full, c * 32, m0);
+                Wt::load(stage + TM_X_BYTES, wmap, full, c, n0, tile_rows);
+            });
         return;
     }
 
@@ -85,11 +116,11 @@ __device__ __forceinline__ void tma_tiles(const TensorMap* wmap, const TensorMap
         mbar_wait(ring.full(s), (kt / STAGES) & 1);
         const unsigned char* xs = ring.base + s * STAGE_BYTES;
         const unsigned long long a = wg_desc(xs + cw * 64 * 128);  // this warpgroup's 64 rows
-        const unsigned long long b = wg_desc(xs + TM_X_BYTES);
+        const unsigned long long b = Wt::desc(xs + TM_X_BYTES);
         wg_fence_operands(d);
         wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < TM_BK / 16; ++ks) TmaMma<BN>::run(d, a + 2 * ks, b + 2 * ks);
+        for (int ks = 0; ks < TM_BK / 16; ++ks) TmaMma<BN>::run(d, a + 2 * ks, Wt::step(b, ks));
         wg_commit();
         wg_wait<1>();  // tile kt - 1's MMAs are done: its stage goes back to the producer
         wg_fence_operands(d);
@@ -137,15 +168,18 @@ __device__ __forceinline__ void tma_tiles(const TensorMap* wmap, const TensorMap
 }
 
 // MINB: blocks an SM the registers are capped for (2: at most 113 a thread)
-#define TM_ENTRY(name, BN, STAGES, MINB, EPI)                                                   \
+#define TM_ENTRY(name, BN, STAGES, MINB, EPI, TILED)                                            \
     extern "C" __global__ void __launch_bounds__(TM_THREADS, MINB)                              \
         name(const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap,   \
              float* Y, long long ldy, int M, int N, int K, int chunks_per_split,               \
-             long long split_stride) {                                                         \
-        tma_tiles<BN, STAGES, EPI>(&wmap, &xmap, Y, ldy, M, N, K, chunks_per_split,            \
-                                   split_stride);                                              \
+             long long split_stride, int tile_rows) {                                          \
+        tma_tiles<BN, STAGES, EPI, TILED>(&wmap, &xmap, Y, ldy, M, N, K, chunks_per_split,     \
+                                          split_stride, tile_rows);                            \
     }
-#define TM_TILE(suffix, BN, STAGES, MINB)                                                    \
-    TM_ENTRY(gemm_bf16act_store_##suffix, BN, STAGES, MINB, TM_EPI_STORE)                    \
-    TM_ENTRY(gemm_bf16act_silu_mul_##suffix, BN, STAGES, MINB, TM_EPI_SILU_MUL)              \
-    TM_ENTRY(gemm_bf16act_silu_mul_bf16_##suffix, BN, STAGES, MINB, TM_EPI_SILU_MUL_BF16)
+#define TM_TILE_OF(suffix, BN, STAGES, MINB, TILED)                                            \
+    TM_ENTRY(gemm_bf16act_store_##suffix, BN, STAGES, MINB, TM_EPI_STORE, TILED)               \
+    TM_ENTRY(gemm_bf16act_silu_mul_##suffix, BN, STAGES, MINB, TM_EPI_SILU_MUL, TILED)         \
+    TM_ENTRY(gemm_bf16act_silu_mul_bf16_##suffix, BN, STAGES, MINB, TM_EPI_SILU_MUL_BF16, TILED)
+// the row-major entries (tile_rows unused), and the tiled layout's, suffixed _tiled
+#define TM_TILE(suffix, BN, STAGES, MINB) TM_TILE_OF(suffix, BN, STAGES, MINB, false)
+#define TM_TILE_TILED(suffix, BN, STAGES, MINB) TM_TILE_OF(suffix##_tiled, BN, STAGES, MINB, true)

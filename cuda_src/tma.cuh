@@ -122,18 +122,3 @@ __device__ __forceinline__ void tma_produce(const TmaRing& ring, int nk, unsigne
         issue(kt, stage, full);
     }
 }
-
-// tma_produce of a two-operand tile: each stage's X tile (at the stage's start) and its W tile
-// (x_bytes on), 2-D boxes; coords(kt, xc, xr, wc, wr) gives their (inner, outer) coordinates.
-template <int STAGES, class Coords>
-__device__ __forceinline__ void tma_produce_pairs(const TmaRing& ring, int nk,
-                                                  unsigned stage_bytes, unsigned x_bytes,
-                                                  const TensorMap* xmap, const TensorMap* wmap,
-                                                  Coords coords) {
-    tma_produce<STAGES>(ring, nk, stage_bytes, [&](int kt, unsigned stage, unsigned full) {
-        int xc, xr, wc, wr;
-        coords(kt, xc, xr, wc, wr);
-        tma_load_2d(stage, xmap, full, xc, xr);
-        tma_load_2d(stage + x_bytes, wmap, full, wc, wr);
-    });
-}

@@ -25,6 +25,17 @@ __device__ __forceinline__ unsigned long long wg_desc(const unsigned char* smem)
     return d;
 }
 
+// The same of a K-major tile of 64-byte rows, 64B-swizzled (16-byte chunk c of row r at chunk
+// c ^ ((r >> 1) & 3); 8-row groups 512 bytes apart, each 512-byte aligned).
+__device__ __forceinline__ unsigned long long wg_desc_64b(const unsigned char* smem) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    unsigned long long d = (unsigned long long)((addr & 0x3FFFF) >> 4);  // start address
+    d |= 1ULL << 16;                                                     // leading offset (unused)
+    d |= (unsigned long long)(512 >> 4) << 32;                           // 8-row group stride
+    d |= 2ULL << 62;                                                     // 64-byte swizzle
+    return d;
+}
+
 __device__ __forceinline__ void wg_fence() {
 #if WG_ENABLED
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");

@@ -539,9 +539,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-batched-bf16-gemm",
         action="store_true",
-        help="load with Policy(batched_bf16_gemm=False): batched bf16-activation rounds take the "
-        "decode linear, so bf16 round-only weights are stored tiled too (with --row-major: "
-        "the same drafter all row-major beside it)",
+        help="load with Policy(batched_bf16_gemm=False): batched bf16-activation rounds of bf16 "
+        "weights take the decode linear (with --row-major: the same drafter all row-major "
+        "beside it)",
     )
     ap.add_argument(
         "--no-batched-quant-gemm",

@@ -132,6 +132,33 @@ def u8_tiles(
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def bf16_tiles(ptr: int, tiles: int, chunks: int, tile_rows: int, box_tiles: int) -> TensorMap:
+    """The map of bf16 weights in the tiled layout [tiles][chunks][tile_rows][32] (contiguous:
+    pydflash.formats.layout's planes) at device address ptr, copied in boxes of one 32-chunk of
+    box_tiles tiles: [box_tiles][tile_rows][32] in shared memory, box_tiles * tile_rows rows of 64
+    bytes, 64B-swizzled (the layout gemm_bf16act_tma's wg_desc_64b describes); tiles and chunks
+    past the ends read as zeros."""
+    problems = []
+    if ptr % 16:
+        problems.append(f"address {ptr:#x} is not 16-byte aligned")
+    if not (0 < tiles < 2**32 and 0 < chunks < 2**32):
+        problems.append(f"dims {tiles} tiles x {chunks} chunks out of range")
+    if not (0 < tile_rows <= 256 and 0 < box_tiles <= 256):
+        problems.append(f"box {box_tiles} tiles x {tile_rows} rows (each 1..256)")
+    if problems:
+        raise ShapeError("tensor map: " + "; ".join(problems))
+    run = tile_rows * 64  # one chunk of a tile: its rows' 32 bf16
+    return _encode_nd(
+        _DTYPE_BFLOAT16,
+        ptr,
+        (32, tile_rows, chunks, tiles),
+        (64, run, chunks * run),
+        (32, tile_rows, 1, box_tiles),
+        _SWIZZLE_64B,
+    )
+
+
 def box_swizzle(offset: int, box_cols: int) -> int:
     """Where u8_rows' copy puts byte `offset` (row-major, rows of box_cols bytes) of a box in
     shared memory (its destination aligned to 1024 bytes): the host-side model of the swizzle

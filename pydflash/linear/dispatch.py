@@ -52,16 +52,14 @@ The table, row by row (a row's reason is its H200 measurement, docs/performance.
 And the layout a weight is stored in at load (`layout_rows`), from the modes it is read in:
 
   tiled (linear_v3_tiled.cu)  bf16 q8_0 q4_0, when every choice above for its modes, at every
-                              row count, reads it (TILED_READERS: decode_v3, and gemm_quant's
-                              tiled entries): each ring stage one contiguous run,
+                              row count, reads it (TILED_READERS: decode_v3, gemm_quant's and
+                              gemm_bf16act's tiled entries): each ring stage one contiguous run,
                               the same results bit for bit; qwen3-8b's o / gate_up / down at
                               16 rows 10.0 / 50.8 / 26.5 us against 11.2 / 58.2 / 30.6 (bf16),
                               7.6 / 35.6 / 16.9 against 10.4 / 47.2 / 23.0 (q4_0)
                               (tools/bench_linear.py --tiled). A layer's o, gate_up, down and
-                              conv projections in q8_0 / q4_0 (bf16 ones are read by
-                              gemm_bf16act in batched rounds, unless
-                              Policy(batched_bf16_gemm=False); qkv's rows are taken as views,
-                              fc is read by the features GEMM)
+                              conv projections (qkv's rows are taken as views, fc is read by
+                              gemm.cu)
   row-major                   every other weight
 
 A new weight format adds its rows here (and its launchers' kernels); a new architecture opts
@@ -110,8 +108,9 @@ PROBE_ROWS = (1, 16, BF16ACT_ROWS, QUANT_BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM
 # the modes a layer's o, gate_up, down and DFlash2 conv projections are read in
 ROUND_ONLY = ("round", "batched_bf16")
 # the kernels with entries for the tiled layout (decode_v3's rows a tile, gemm_quant.TILE_ROWS
-# by construction): a weight only these read is stored tiled
-TILED_READERS = ("decode_v3", "quant_split", "quant_bf16act")
+# by construction; every gemm_bf16act tile the table takes): a weight only these read is
+# stored tiled
+TILED_READERS = ("decode_v3", "quant_split", "quant_bf16act", "bf16act", "bf16act_split")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +124,7 @@ class Policy:
     # the tiled layout for the weights only TILED_READERS read (False: all row-major)
     tiled_decode: bool = True
     # batched rounds' bf16 activations through gemm_bf16act for bf16 weights (False: the
-    # decode linear, as for the quant formats, so a bf16 drafter's round-only weights are
-    # only read by it and stored tiled too: faster single rounds, slower large batches)
+    # decode linear, the exact products, as in f32 mode)
     batched_bf16_gemm: bool = True
     # batched rounds' bf16 activations through gemm_quant's tile for q8_0 / q4_0 weights from
     # QUANT_BF16ACT_ROWS rows (False: the decode linear, the exact products, as in f32 mode)

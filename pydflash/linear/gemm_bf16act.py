@@ -23,7 +23,6 @@ from ..errors import ArgumentError, ShapeError, UnsupportedDeviceError
 from .split import (
     CHUNK,
     checked_row_stride,
-    require_row_major,
     rounded_problem,
     row_stride,
     split_k_plan,
@@ -90,7 +89,7 @@ SPLIT = FAMILY.kernel(
 )
 _SIG = (
     "const unsigned short* W, const unsigned short* Xb, float* Y, long long ldy, int M, int N, "
-    "int K, int chunks_per_split, long long split_stride"
+    "int K, int chunks_per_split, long long split_stride, int tile_rows"
 )
 _SIG_TMA = "TensorMap wmap, TensorMap xmap" + _SIG[_SIG.index(", float* Y") :]
 
@@ -98,13 +97,17 @@ _SIG_TMA = "TensorMap wmap, TensorMap xmap" + _SIG[_SIG.index(", float* Y") :]
 class Tile(NamedTuple):
     """What the launchers need of a tile: its block (tile_shape's four numbers), whether it is
     fed by TMA (tensor-map operands, whole 64-wide K tiles a split; sm_90 with tensor maps) or
-    runs warpgroup MMAs (sm_90), and its entry per epilogue."""
+    runs warpgroup MMAs (sm_90), its entry per epilogue, and its entry per epilogue over
+    weights in the decode linear's tiled layout (None: it reads row-major weights only). The
+    cp.async tiles read both through the same entries (their tile_rows argument); a TMA tile
+    copies tiled weights by other boxes, its *_tiled entries."""
 
     name: str
     shape: tuple[int, int, int, int]
     tma: bool
     wgmma: bool
     kernels: dict[str, KernelSpec]
+    tiled: dict[str, KernelSpec] | None
 
 
 def declare_tile(
@@ -115,12 +118,20 @@ def declare_tile(
     tma: bool = False,
     wgmma: bool = False,
     entry: str | None = None,
+    tiled_entries: bool = False,
 ) -> Tile:
     """A tile whose entries gemm_bf16act_<epilogue>_<entry, default name> `family`'s .cu
-    instantiates (TM_TILE / G16_ENTRY of the templates), declared on the family."""
+    instantiates (TM_TILE / G16_ENTRY of the templates), declared on the family; a TMA tile
+    with tiled_entries also its *_tiled entries (TM_TILE_TILED)."""
     sig = _SIG_TMA if tma else _SIG
-    specs = {epi: family.kernel(f"gemm_bf16act_{epi}_{entry or name}", sig) for epi in EPILOGUES}
-    return Tile(name, shape, tma, wgmma or tma, specs)
+    base = entry or name
+
+    def entries(suffix: str) -> dict[str, KernelSpec]:
+        return {epi: family.kernel(f"gemm_bf16act_{epi}_{base}{suffix}", sig) for epi in EPILOGUES}
+
+    specs = entries("")
+    tiled = (entries("_tiled") if tiled_entries else None) if tma else specs
+    return Tile(name, shape, tma, wgmma or tma, specs, tiled)
 
 
 FAMILY_SM90 = Family("gemm_bf16act_sm90", {"WG_STAGES": WGMMA_STAGES}, arch_specific=True)
@@ -134,7 +145,10 @@ KERNELS: dict[str, Tile] = {
         wgmma=True,
         entry="wgmma",
     ),
-    **{t: declare_tile(FAMILY_TMA, t, tma_shape(*geom), tma=True) for t, geom in TMA_TILES.items()},
+    **{
+        t: declare_tile(FAMILY_TMA, t, tma_shape(*geom), tma=True, tiled_entries=True)
+        for t, geom in TMA_TILES.items()
+    },
 }
 ALL_TILES = tuple(KERNELS)
 
@@ -242,13 +256,16 @@ def _check(
     tile."""
     if w.fmt != "bf16":
         raise ShapeError(f"w: gemm_bf16act takes bf16 weights, found {w.fmt}")
-    require_row_major(w, "gemm_bf16act")
     if isinstance(tile, Tile):
         t = tile
     elif tile in KERNELS:
         t = KERNELS[tile]
     else:
         raise ArgumentError(f"tile must be one of {sorted(ALL_TILES)}, found {tile!r}")
+    if w.tile_rows:
+        problem = _tiled_problem(w, t)
+        if problem:
+            raise ShapeError(problem)
     caps = rt.caps
     if t.wgmma and not caps.wgmma:
         raise UnsupportedDeviceError(f"{t.name}: wgmma tiles do not run on {caps.arch}")
@@ -296,6 +313,19 @@ def _check(
     return ldx, t
 
 
+def _tiled_problem(w: GpuTensor, t: Tile) -> str | None:
+    """Why tile t cannot read w's tiled planes (formats.layout's), or None."""
+    n, k, tr = w.out_features, w.in_features, w.tile_rows
+    if t.tiled is None:
+        return f"{t.name}: reads row-major weights only; w is tiled ({tr} rows a tile)"
+    if t.tma and t.shape[1] % tr:
+        return f"{t.name}: copies whole tiles of {t.shape[1]} rows; w's tiles are {tr} rows"
+    want = -(-n // tr) * tr * k * 2
+    if w.data.nbytes != want or not w.data.flags.c_contiguous:
+        return f"w: expected the tiled planes, {want} contiguous bytes, found {w.data.nbytes}"
+    return None
+
+
 def launch_prepass(rt: Runtime, kernel: Any, x: Any, ldx: int, m: int, k: int, **out: Any) -> None:
     """round_bf16 (Xb) or split_bf16 (Xhi, Xlo) over x[:m] (checked by _check)."""
     quads = m * (k // 4)
@@ -316,13 +346,18 @@ def _launch_gemm(
 ) -> None:
     """The GEMM over m bf16 rows xb (checked by _check)."""
     bm, bn, threads, smem = tile.shape
-    n, k = w.out_features, w.in_features
+    n, k, tr = w.out_features, w.in_features, w.tile_rows
     operands: dict[str, Any] = {"W": w.data, "Xb": xb}
     if tile.tma:  # the tensor maps the producer copies W's and X's tiles by
-        wmap = tensormap.bf16_rows(w.data.data.ptr, n, k, bn)
+        if tr:
+            wmap = tensormap.bf16_tiles(w.data.data.ptr, -(-n // tr), k // CHUNK, tr, bn // tr)
+        else:
+            wmap = tensormap.bf16_rows(w.data.data.ptr, n, k, bn)
         operands = {"wmap": wmap, "xmap": tensormap.bf16_rows(xb.data.ptr, m, k, bm)}
+    specs = tile.tiled if tr else tile.kernels
+    assert specs is not None  # _check refused a tiled weight for a row-major-only tile
     rt.launch(
-        tile.kernels[epilogue],
+        specs[epilogue],
         (-(-m // bm), -(-n // bn), ksplit),
         threads,
         smem,
@@ -334,6 +369,7 @@ def _launch_gemm(
         K=k,
         chunks_per_split=split_k_plan(k // CHUNK, ksplit)[1],
         split_stride=split_stride,
+        tile_rows=tr,
     )
 
 

@@ -1,10 +1,10 @@
 """The drafter with its round-only weights in the decode linear's tiled layout (the dispatch
-table's default for q8_0 / q4_0: linear.layout_rows) against the same checkpoint loaded all
-row-major (Policy(tiled_decode=False)), and the same with Policy(batched_bf16_gemm=False), which
-tiles bf16 drafters' round-only weights too: forward_round, propose (greedy and sampled),
-commit and batched rounds in both activation modes (past 64 rows gemm_quant's tiled entries)
-bit for bit, the reference weights identical, called from CuPy's default stream with fresh
-inputs read back with cp.asnumpy (skipped without a CUDA device)."""
+table's default for bf16 / q8_0 / q4_0: linear.layout_rows) against the same checkpoint loaded
+all row-major (Policy(tiled_decode=False)), and the same with Policy(batched_bf16_gemm=False):
+forward_round, propose (greedy and sampled), commit and batched rounds in both activation
+modes (past 64 rows the tiled entries of gemm_quant and gemm_bf16act) bit for bit, the
+reference weights identical, called from CuPy's default stream with fresh inputs read back
+with cp.asnumpy (skipped without a CUDA device)."""
 
 import numpy as np
 import pytest
@@ -32,8 +32,8 @@ def _load_both(engine, ckpt, precision, **policy):
     return tiled, flat
 
 
-# (precision, policy): the table's default, and without the batched bf16 GEMM (bf16 round-only
-# weights then tiled as well; batched bf16-activation rounds on the decode linear)
+# (precision, policy): the table's default, and without the batched bf16 GEMM (batched
+# bf16-activation rounds of bf16 weights on the decode linear)
 CASES = [(p, {}) for p in ("q8_0", "q4_0", "mixed", "bf16")] + [
     (p, {"batched_bf16_gemm": False}) for p in ("mixed", "bf16")
 ]
@@ -53,8 +53,8 @@ def test_tiled_drafter_equals_row_major_bit_for_bit(
     engine, preset_checkpoint, rng, preset, precision, policy
 ):
     tiled, flat = _load_both(engine, preset_checkpoint(preset), precision, **policy)
-    fmts = {"q8_0", "q4_0"} | (set() if policy.get("batched_bf16_gemm", True) else {"bf16"})
-    for la in tiled.layers:  # the table's layout: quantized round-only weights tiled
+    fmts = {"q8_0", "q4_0", "bf16"}
+    for la in tiled.layers:  # the table's layout: the round-only weights tiled
         assert la.qkv.tile_rows == 0
         for w in la.round_weights[1:]:
             assert w.tile_rows == (64 if w.fmt in fmts else 0), (w, precision)
@@ -111,7 +111,7 @@ def test_tiled_drafter_equals_row_major_bit_for_bit(
 
 @pytest.mark.parametrize(
     "precision, policy",
-    [("q4_0", {}), ("q8_0", {}), ("bf16", {"batched_bf16_gemm": False})],
+    [("q4_0", {}), ("q8_0", {}), ("bf16", {})],
     ids=lambda v: str(v) if v else "default",
 )
 def test_tiled_public_geometry_round_at_ctx_4096(engine, preset_checkpoint, rng, precision, policy):

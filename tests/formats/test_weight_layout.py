@@ -165,8 +165,11 @@ def test_gpu_tensor_refuses_what_the_layout_cannot_hold():
 
 
 def test_kernels_that_read_row_major_planes_refuse_a_tiled_weight():
-    """gemm.cu, gemm_bf16act and linear.cu refuse it by name before any launch (gemm_quant
-    reads it: tests/linear/test_gemm_quant_gpu.py)."""
+    """gemm.cu and linear.cu refuse it by name before any launch; gemm_bf16act's tiles that
+    read row-major weights only (dev/'s TMA tiles), and its TMA tile over tiles it cannot copy
+    whole or planes of the wrong size, too (gemm_quant and gemm_bf16act read it:
+    tests/linear/test_gemm_quant_gpu.py, test_gemm_bf16act_gpu.py)."""
+    from dev import gemm_bf16act_tiles
     from pydflash.linear import decode, gemm, gemm_bf16act
 
     q8 = GpuTensor("q8_0", 64, 32, np.zeros(2048, np.uint8), np.zeros(64, np.uint16), 64)
@@ -174,7 +177,14 @@ def test_kernels_that_read_row_major_planes_refuse_a_tiled_weight():
     x = np.zeros((4, 32), np.float32)
     with pytest.raises(ShapeError, match="gemm: the weight .64, 32. is in the tiled layout"):
         gemm.matmul(None, q8, x, 4, np.zeros((4, 64), np.float32))
-    with pytest.raises(ShapeError, match="gemm_bf16act: .* tiled layout"):
-        gemm_bf16act.project(None, bf, x, 4, None, scratch=None, tile="w4_64x128_k64")
+    dev_tma = gemm_bf16act_tiles.kernels("tma_128x256_s4")
+    with pytest.raises(ShapeError, match="tma_128x256_s4: reads row-major weights only"):
+        gemm_bf16act.project(None, bf, x, 4, None, scratch=None, tile=dev_tma)
+    odd = GpuTensor("bf16", 96, 32, np.zeros(96 * 32 * 2, np.uint8), None, 48)
+    with pytest.raises(ShapeError, match="copies whole tiles of 128 rows; w's tiles are 48"):
+        gemm_bf16act.project(None, odd, x, 4, None, scratch=None, tile="tma_128x128_s6")
+    short = GpuTensor("bf16", 64, 32, np.zeros(4000, np.uint8), None, 64)
+    with pytest.raises(ShapeError, match="expected the tiled planes, 4096 contiguous bytes"):
+        gemm_bf16act.project(None, short, x, 4, None, scratch=None, tile="w4_64x128_k64")
     with pytest.raises(ShapeError, match="linear.cu sample: .* tiled layout"):
         decode.project_sample(None, q8, x, 4, params=None, rng=None, apply_cap=False)

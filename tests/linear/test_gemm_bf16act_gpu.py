@@ -181,6 +181,81 @@ def check_silu_mul(e, rng, m, n_ff, k, tile, lib):
     assert np.array_equal(bits[:m, :n_ff], expect)
 
 
+TILED_CASES = [  # (m, n, k, ksplit): N tails inside a tile and past the last, odd chunk counts
+    (64, 128, 64, 1),
+    (200, 200, 1056, 1),
+    (129, 4096, 4096, 4),
+    (300, 8 * 37, 96, 1),
+    (77, 12288, 4096, 2),
+]
+
+
+@pytest.mark.parametrize("m,n,k,ksplit", TILED_CASES)
+@pytest.mark.parametrize("tile", TILES)
+def test_tiled_weights_give_the_row_major_bits(engine, rng, m, n, k, ksplit, tile):
+    """A weight in the decode linear's tiled layout (GpuTensor.tiled, linear_v3's rows a warp)
+    gives the row-major weight's results bit for bit through every shipped tile, in "store"
+    (K-split partials), "silu_mul" and "silu_mul_bf16" and project_split, on the user's stream
+    with fresh inputs freed after the call; nothing written past the outputs."""
+    from pydflash.linear import decode_v3, gemm_bf16act
+
+    e = engine
+    needs_arch(e, tile)
+    if gemm_bf16act.KERNELS[tile].tma and ksplit > 1 and (k // 32 // ksplit) % 2:
+        ksplit = 1  # TMA tiles take whole 64-wide K tiles a split
+    w, _ = weight(e, rng, n, k)
+    wt = w.tiled(decode_v3.DEFAULT.rows("bf16"))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, :] *= 1e3
+    results = []
+    for ws in (w, wt):
+        got = []
+        out = cp.full((ksplit * m * n + 5,), np.nan, np.float32)
+        xd = cp.asarray(x)
+        gemm_bf16act.project(
+            e,
+            ws,
+            xd,
+            m,
+            out,
+            ksplit=ksplit,
+            split_stride=m * n,
+            scratch=scratch_for(m, k),
+            tile=tile,
+        )
+        del xd
+        got.append(cp.asnumpy(out))
+        if n % 16 == 0:
+            silu = cp.full((m, n // 2), np.nan, np.float32)
+            gemm_bf16act.project(
+                e, ws, cp.asarray(x), m, silu, "silu_mul", scratch=scratch_for(m, k), tile=tile
+            )
+            bits = cp.full((m, n // 2), 0xFFFF, np.uint16)
+            gemm_bf16act.project(
+                e,
+                ws,
+                cp.asarray(x),
+                m,
+                bits,
+                "silu_mul_bf16",
+                scratch=scratch_for(m, k),
+                tile=tile,
+            )
+            got += [cp.asnumpy(silu), cp.asnumpy(bits)]
+        stride = (m + 3) * n
+        parts = cp.full((2 * stride,), np.nan, np.float32)
+        gemm_bf16act.project_split(
+            e, ws, cp.asarray(x), m, parts, stride, scratch=scratch_for(2 * m + 3, k), tile=tile
+        )
+        p = cp.asnumpy(parts)
+        got += [p[: m * n], p[stride:]]
+        results.append(got)
+    assert np.isnan(results[1][0][ksplit * m * n :]).all(), "wrote past the partials"
+    assert not np.isnan(results[1][0][: ksplit * m * n]).any()
+    for i, (a, b) in enumerate(zip(*results)):
+        np.testing.assert_array_equal(b, a, err_msg=f"result {i} ({tile})")
+
+
 def test_refusals(engine, rng):
     from pydflash.errors import ShapeError
     from pydflash.linear import gemm_bf16act
