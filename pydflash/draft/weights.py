@@ -213,7 +213,7 @@ def load_weights(
         role: str,
         interleave: bool = False,
         modes: Sequence[str] = (),
-        row_views: bool = False,  # rows of it are taken as views (GpuTensor.rows): row-major
+        view_starts: Sequence[int] = (),  # rows views of it start at (GpuTensor.rows)
     ) -> GpuTensor:
         parts = [ckpt.read_bf16_bits(n) for n in names]
         if interleave:  # gate/up rows in groups of 8: g0..g7, u0..u7, g8..g15, ...
@@ -226,7 +226,8 @@ def load_weights(
             bits = parts[0] if len(parts) == 1 else np.concatenate(parts)
         w = GpuTensor.from_bf16_bits(e, e.upload(bits), format_for(precision, role))
         rows = linear.layout_rows(w.fmt, modes, e.caps, k=w.in_features, policy=policy)
-        return w.tiled(rows) if rows and not row_views else w
+        # a tiled view starts on a tile boundary: tiled only where every view's start is one
+        return w.tiled(rows) if rows and all(s % rows == 0 for s in view_starts) else w
 
     def vec(*names: str) -> Any:
         return e.upload(np.concatenate([ckpt.read_f32(n).reshape(-1) for n in names]))
@@ -248,7 +249,7 @@ def load_weights(
                     [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
                     "attn",
                     modes=(*linear.ROUND_ONLY, "ingest"),  # kv's rows: ingest's GEMMs
-                    row_views=True,  # DflashLayer.kv: its k and v rows, a view
+                    view_starts=(cfg.q_dim,),  # DflashLayer.kv: its k and v rows, a view
                 ),
                 o=weight([a + "o_proj.weight"], "attn", modes=linear.ROUND_ONLY),
                 gate_up=weight(

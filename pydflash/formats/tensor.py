@@ -64,17 +64,39 @@ class GpuTensor:
         return f"GpuTensor({self.fmt}, [{self.out_features}, {self.in_features}]{tiled})"
 
     def rows(self, start: int, stop: int) -> GpuTensor:
-        """A view of output rows [start, stop) — no copy (rows are contiguous in every format)."""
-        if self.tile_rows:
-            raise ShapeError(f"rows({start}, {stop}): {self!r} is tiled; use row_major() first")
+        """A view of output rows [start, stop) — no copy (rows are contiguous in every format;
+        in the tiled layout whole tiles are, so a tiled view starts on a tile boundary, and its
+        last tile may hold rows past stop, which no kernel stores)."""
         if not 0 <= start < stop <= self.out_features:
             raise ShapeError(f"rows({start}, {stop}) outside [0, {self.out_features})")
+        if self.tile_rows:
+            return self._tiled_rows(start, stop)
         return GpuTensor(
             self.fmt,
             stop - start,
             self.in_features,
             self.data[start:stop],
             None if self.scales is None else self.scales[start:stop],
+        )
+
+    def _tiled_rows(self, start: int, stop: int) -> GpuTensor:
+        tr = self.tile_rows
+        if start % tr:
+            raise ShapeError(
+                f"rows({start}, {stop}): {self!r} is tiled in {tr} rows; a view starts on a "
+                "tile boundary (or use row_major() first)"
+            )
+        chunks = self.in_features // QK
+        first, end = start // tr, -(-stop // tr)  # the view's tiles
+        run = chunks * tr  # a tile's scales; its bytes: run * a 32-chunk's row bytes
+        data_run = run * get(self.fmt).data_row_bytes(QK)
+        return GpuTensor(
+            self.fmt,
+            stop - start,
+            self.in_features,
+            self.data[first * data_run : end * data_run],
+            None if self.scales is None else self.scales[first * run : end * run],
+            tr,
         )
 
     # -- construction -----------------------------------------------------------------------

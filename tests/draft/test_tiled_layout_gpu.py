@@ -9,6 +9,7 @@ with cp.asnumpy (skipped without a CUDA device)."""
 import numpy as np
 import pytest
 
+from pydflash import linear
 from pydflash.linear.dispatch import QUANT_BF16ACT_ROWS
 
 cp = pytest.importorskip("cupy", reason="CuPy is needed for GPU tests")
@@ -55,7 +56,16 @@ def test_tiled_drafter_equals_row_major_bit_for_bit(
     tiled, flat = _load_both(engine, preset_checkpoint(preset), precision, **policy)
     fmts = {"q8_0", "q4_0", "bf16"}
     for la in tiled.layers:  # the table's layout: the round-only weights tiled
-        assert la.qkv.tile_rows == 0
+        # qkv where ingest's GEMM reads the tiled layout too and its kv view starts on a tile
+        want = linear.layout_rows(
+            la.qkv.fmt,
+            (*linear.ROUND_ONLY, "ingest"),
+            engine.caps,
+            k=la.qkv.in_features,
+            policy=tiled.policy,
+        )
+        assert la.qkv.tile_rows == (want if tiled.cfg.q_dim % 64 == 0 else 0), la.qkv
+        assert la.kv.tile_rows == la.qkv.tile_rows
         for w in la.round_weights[1:]:
             assert w.tile_rows == (64 if w.fmt in fmts else 0), (w, precision)
     assert tiled.fc.tile_rows == 0
@@ -117,8 +127,8 @@ def test_tiled_drafter_equals_row_major_bit_for_bit(
 def test_tiled_public_geometry_round_at_ctx_4096(engine, preset_checkpoint, rng, precision, policy):
     """qwen3-8b-b16's widths and 4096 ctx rows: the same bits."""
     tiled, flat = _load_both(engine, preset_checkpoint("qwen3-8b-b16"), precision, **policy)
-    if precision == "bf16":
-        assert tiled.layers[0].gate_up.tile_rows == 64 and tiled.layers[0].qkv.tile_rows == 0
+    if engine.caps.tma:  # qkv too: ingest's GEMMs read the tiled layout there
+        assert tiled.layers[0].gate_up.tile_rows == 64 and tiled.layers[0].qkv.tile_rows == 64
     c, e, ctx = tiled.cfg, engine, 4096
     taps = rng.standard_normal((ctx, c.tap_width), dtype=np.float32)
     noise = rng.standard_normal((c.block_size, c.hidden), dtype=np.float32)

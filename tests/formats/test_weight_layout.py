@@ -155,8 +155,8 @@ def test_gpu_tensor_refuses_what_the_layout_cannot_hold():
     tiled = GpuTensor("q8_0", 64, 32, np.zeros(2048, np.uint8), np.zeros(64, np.uint16), 64)
     with pytest.raises(ShapeError, match="tiled already"):
         tiled.tiled(64)
-    with pytest.raises(ShapeError, match=r"is tiled; use row_major\(\) first"):
-        tiled.rows(0, 32)
+    with pytest.raises(ShapeError, match=r"a view starts on a tile boundary"):
+        tiled.rows(16, 32)
     assert "tiled 64" in repr(tiled)
     bf = GpuTensor("bf16", 64, 32, np.zeros((64, 32), np.uint16))
     for rows in (0, -64, True, 2.5, "64", None):
@@ -188,3 +188,23 @@ def test_kernels_that_read_row_major_planes_refuse_a_tiled_weight():
         gemm_bf16act.project(None, short, x, 4, None, scratch=None, tile="w4_64x128_k64")
     with pytest.raises(ShapeError, match="linear.cu sample: .* tiled layout"):
         decode.project_sample(None, q8, x, 4, params=None, rng=None, apply_cap=False)
+
+
+@pytest.mark.parametrize("fmt,rb", [("q8_0", 32), ("q4_0", 16), ("bf16", 64)])
+def test_tiled_row_views_hold_the_rows_of_the_row_major_view(rng, fmt, rb):
+    """GpuTensor.rows of a tiled weight (DflashLayer.kv of a tiled qkv): whole tiles from a
+    tile boundary, whose planes untile to exactly the row-major view's rows (the last tile's
+    rows past the view's stop are there and never stored)."""
+    n, k, tr = 200, 96, 16
+    planes = rng.integers(0, 256, (n, k // 32 * rb), dtype=np.uint8)
+    scales = None if fmt == "bf16" else rng.integers(0, 2**16, (n, k // 32), dtype=np.uint16)
+    data, sc = layout.tile_planes(planes, scales, tr, rb)
+    w = GpuTensor(fmt, n, k, data, sc, tr)
+    for start, stop in ((0, 200), (32, 200), (48, 100), (192, 200)):
+        view = w.rows(start, stop)
+        assert view.shape == (stop - start, k) and view.tile_rows == tr
+        assert np.shares_memory(view.data, data)
+        got, got_s = layout.untile_planes(view.data, view.scales, stop - start, tr, rb, k // 32)
+        np.testing.assert_array_equal(got, planes[start:stop])
+        if scales is not None:
+            np.testing.assert_array_equal(got_s, scales[start:stop])
