@@ -20,9 +20,8 @@
 # long:    bench_round at ctx 131072 (qwen3-8b, gemma4-31b)
 # tables:  every table of docs/performance.md's figures: both presets, every
 #          precision at ctx 4096 (with propose) and 131072, batch 1 / 16 / 64 (exact and bf16
-#          activations; q8_0 / q4_0 too), the peer beside each, and bf16 with its round-only
-#          weights tiled (--no-batched-bf16-gemm) beside row-major; TABLES_PRESETS and
-#          TABLES_ONLY pick some of them
+#          activations; q8_0 / q4_0 too, and on the decode linear), the peer beside each, and
+#          every precision tiled beside row-major; TABLES_PRESETS and TABLES_ONLY pick some
 # fuzz:    the GPU API fuzz (FUZZ_EXAMPLES a target, 250): light enough to run beside `tests`
 # soak:    tools/soak.py --churn (SOAK_ROUNDS, 100000) alone, for its memory and time figures
 # sanitize: compute-sanitizer's memcheck, racecheck, initcheck and synccheck over
@@ -143,7 +142,7 @@ if [ "$PART" = soak ]; then   # the churn soak, alone on the device (its memory 
 fi
 if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer beside each
   # TABLES_PRESETS (both) and TABLES_ONLY (an extended regex over 4096, 131072, batch,
-  # batch_quant, batch_quant_decode, decode_bf16) split the part over device calls when it does
+  # batch_quant, batch_quant_decode, row_major) split the part over device calls when it does
   # not fit one
   want() { echo "$1" | grep -q -x -E "${TABLES_ONLY:-.*}"; }
   for ck in ${TABLES_PRESETS:-qwen3-8b-b16 gemma4-31b}; do
@@ -153,7 +152,8 @@ if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer b
     want batch_quant && run "tables_${ck}_batch_quant" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 f32 --rounds 30
     # the same with the quant linears of bf16-activation batches on the decode linear
     want batch_quant_decode && run "tables_${ck}_batch_quant_decode" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 --rounds 30 --no-batched-quant-gemm
-    want decode_bf16 && run "tables_${ck}_decode_bf16" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --rounds 200 --row-major --no-batched-bf16-gemm
+    # each precision's tiled weights against the same drafter all row-major, one run
+    want row_major && run "tables_${ck}_row_major" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 --ctx 4096 --rounds 200 --row-major
   done
 fi
 if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
