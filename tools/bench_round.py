@@ -551,6 +551,19 @@ def main(argv: list[str] | None = None) -> int:
         "rows); gpu_suite.sh tables runs both",
     )
     ap.add_argument(
+        "--tiled-bf16-gemm",
+        action="store_true",
+        help="load with Policy(tiled_bf16_gemm=True): gemm_bf16act reads bf16 weights tiled, "
+        "so a bf16 drafter's round-only weights are stored tiled (with --row-major: the same "
+        "drafter all row-major beside it)",
+    )
+    ap.add_argument(
+        "--tiled-row-views",
+        action="store_true",
+        help="load with Policy(tiled_row_views=True): qkv (whose kv rows are a view) tiled "
+        "where its readers read the layout (sm_90)",
+    )
+    ap.add_argument(
         "--peer",
         action="store_true",
         help="also time tools/peer_round.py (plain torch + cuBLAS in a CUDA graph, bf16) at the "
@@ -579,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         wgmma_tile=args.tile or linear.DEFAULT.wgmma_tile,
         batched_bf16_gemm=not args.no_batched_bf16_gemm,
         batched_quant_gemm=not args.no_batched_quant_gemm,
+        tiled_bf16_gemm=args.tiled_bf16_gemm,
+        tiled_row_views=args.tiled_row_views,
     )
 
     from pydflash import Engine

@@ -225,9 +225,10 @@ def load_weights(
         else:
             bits = parts[0] if len(parts) == 1 else np.concatenate(parts)
         w = GpuTensor.from_bf16_bits(e, e.upload(bits), format_for(precision, role))
-        rows = linear.layout_rows(w.fmt, modes, e.caps, k=w.in_features, policy=policy)
-        # a tiled view starts on a tile boundary: tiled only where every view's start is one
-        return w.tiled(rows) if rows and all(s % rows == 0 for s in view_starts) else w
+        rows = linear.layout_rows(
+            w.fmt, modes, e.caps, k=w.in_features, policy=policy, view_starts=view_starts
+        )
+        return w.tiled(rows) if rows else w
 
     def vec(*names: str) -> Any:
         return e.upload(np.concatenate([ckpt.read_f32(n).reshape(-1) for n in names]))

@@ -52,14 +52,17 @@ The table, row by row (a row's reason is its H200 measurement, docs/performance.
 And the layout a weight is stored in at load (`layout_rows`), from the modes it is read in:
 
   tiled (linear_v3_tiled.cu)  bf16 q8_0 q4_0, when every choice above for its modes, at every
-                              row count, reads it (TILED_READERS: decode_v3, gemm_quant's and
-                              gemm_bf16act's tiled entries): each ring stage one contiguous run,
+                              row count, reads it (TILED_READERS: decode_v3 and gemm_quant's
+                              tiled entries; gemm_bf16act's under Policy(tiled_bf16_gemm=True)):
+                              each ring stage one contiguous run,
                               the same results bit for bit; qwen3-8b's o / gate_up / down at
                               16 rows 10.0 / 50.8 / 26.5 us against 11.2 / 58.2 / 30.6 (bf16),
                               7.6 / 35.6 / 16.9 against 10.4 / 47.2 / 23.0 (q4_0)
                               (tools/bench_linear.py --tiled). A layer's o, gate_up, down and
-                              conv projections (qkv's rows are taken as views, fc is read by
-                              gemm.cu)
+                              conv projections in q8_0 / q4_0; bf16 ones under
+                              Policy(tiled_bf16_gemm=True) (batched rounds read them through
+                              gemm_bf16act); qkv under Policy(tiled_row_views=True) (its kv
+                              rows are a view); fc is read by gemm.cu
   row-major                   every other weight
 
 A new weight format adds its rows here (and its launchers' kernels); a new architecture opts
@@ -108,9 +111,20 @@ PROBE_ROWS = (1, 16, BF16ACT_ROWS, QUANT_BF16ACT_ROWS, SMALL_TILE_ROWS + 1, GEMM
 # the modes a layer's o, gate_up, down and DFlash2 conv projections are read in
 ROUND_ONLY = ("round", "batched_bf16")
 # the kernels with entries for the tiled layout (decode_v3's rows a tile, gemm_quant.TILE_ROWS
-# by construction; every gemm_bf16act tile the table takes): a weight only these read is
-# stored tiled
-TILED_READERS = ("decode_v3", "quant_split", "quant_bf16act", "bf16act", "bf16act_split")
+# by construction): a weight only these read is stored tiled. gemm_bf16act's tiles have them
+# too (BF16_TILED_READERS), taken as readers under Policy(tiled_bf16_gemm=True) only
+TILED_READERS = ("decode_v3", "quant_split", "quant_bf16act")
+BF16_TILED_READERS = ("bf16act", "bf16act_split")
+
+# Policy's True / False choices
+FLAGS = (
+    "quant_ingest",
+    "tiled_decode",
+    "batched_bf16_gemm",
+    "batched_quant_gemm",
+    "tiled_bf16_gemm",
+    "tiled_row_views",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,13 +143,19 @@ class Policy:
     # batched rounds' bf16 activations through gemm_quant's tile for q8_0 / q4_0 weights from
     # QUANT_BF16ACT_ROWS rows (False: the decode linear, the exact products, as in f32 mode)
     batched_quant_gemm: bool = True
+    # opt-in, not yet the default (their GPU tests are written and have not run on a device):
+    # gemm_bf16act's tiles read bf16 weights in the tiled layout, so bf16 round-only weights
+    # are stored tiled; and weights whose rows are taken as views (qkv: DflashLayer.kv) are
+    # tiled where their readers read the layout and every view starts on a tile
+    tiled_bf16_gemm: bool = False
+    tiled_row_views: bool = False
 
     def __post_init__(self) -> None:
         if self.wgmma_tile not in WGMMA_TILES:
             raise ArgumentError(
                 f"wgmma_tile must be one of {list(WGMMA_TILES)}, found {self.wgmma_tile!r}"
             )
-        for name in ("quant_ingest", "tiled_decode", "batched_bf16_gemm", "batched_quant_gemm"):
+        for name in FLAGS:
             value = getattr(self, name)
             if not isinstance(value, bool):  # "no" or 0 would read as a choice
                 raise ArgumentError(f"{name} must be True or False, found {value!r}")
@@ -247,20 +267,32 @@ def families(fmt: str, caps: Caps, ks: Iterable[int], policy: Policy = DEFAULT) 
 
 
 def layout_rows(
-    fmt: str, modes: Iterable[str], caps: Caps, *, k: int, policy: Policy = DEFAULT
+    fmt: str,
+    modes: Iterable[str],
+    caps: Caps,
+    *,
+    k: int,
+    policy: Policy = DEFAULT,
+    view_starts: Iterable[int] = (),
 ) -> int:
     """The rows a tile of the layout a weight read in `modes` is stored in at load: the decode
     linear's tiled layout (linear_v3's rows a warp) when every kernel the table may choose for
-    it, at any row count, reads it (TILED_READERS); 0 (row-major) otherwise, or with no
-    modes."""
-    modes = tuple(modes)
+    it, at any row count, reads it (TILED_READERS; BF16_TILED_READERS under
+    Policy.tiled_bf16_gemm); 0 (row-major) otherwise, or with no modes. A weight whose rows are
+    taken as views starting at `view_starts` (GpuTensor.rows) is tiled only under
+    Policy.tiled_row_views and where every start is a tile boundary."""
+    modes, starts = tuple(modes), tuple(view_starts)
     if not policy.tiled_decode or fmt not in decode_v3.FORMATS or not modes:
         return 0
+    if starts and not policy.tiled_row_views:
+        return 0
+    readers = TILED_READERS + (BF16_TILED_READERS if policy.tiled_bf16_gemm else ())
     for mode in modes:
         for m in PROBE_ROWS:
-            if choose(mode, fmt, m, caps, k=k, policy=policy).kernel not in TILED_READERS:
+            if choose(mode, fmt, m, caps, k=k, policy=policy).kernel not in readers:
                 return 0
-    return decode_v3.DEFAULT.rows(fmt)
+    rows = decode_v3.DEFAULT.rows(fmt)
+    return rows if all(s % rows == 0 for s in starts) else 0
 
 
 def _families_of(choice: Choice) -> tuple[Family, ...]:

@@ -33,11 +33,15 @@ def _load_both(engine, ckpt, precision, **policy):
     return tiled, flat
 
 
-# (precision, policy): the table's default, and without the batched bf16 GEMM (batched
-# bf16-activation rounds of bf16 weights on the decode linear)
-CASES = [(p, {}) for p in ("q8_0", "q4_0", "mixed", "bf16")] + [
-    (p, {"batched_bf16_gemm": False}) for p in ("mixed", "bf16")
-]
+# (precision, policy): the table's default; without the batched bf16 GEMM (bf16 round-only
+# weights then tiled as well; batched bf16-activation rounds on the decode linear); and the
+# opt-in tiled layouts (gemm_bf16act's tiled entries, qkv's tiled kv view)
+OPT_IN = {"tiled_bf16_gemm": True, "tiled_row_views": True}
+CASES = (
+    [(p, {}) for p in ("q8_0", "q4_0", "mixed", "bf16")]
+    + [(p, {"batched_bf16_gemm": False}) for p in ("mixed", "bf16")]
+    + [(p, OPT_IN) for p in ("q8_0", "q4_0", "mixed", "bf16")]
+)
 
 
 def _layouts(d):
@@ -54,17 +58,21 @@ def test_tiled_drafter_equals_row_major_bit_for_bit(
     engine, preset_checkpoint, rng, preset, precision, policy
 ):
     tiled, flat = _load_both(engine, preset_checkpoint(preset), precision, **policy)
-    fmts = {"q8_0", "q4_0", "bf16"}
+    p = tiled.policy
+    fmts = {"q8_0", "q4_0"} | ({"bf16"} if p.tiled_bf16_gemm or not p.batched_bf16_gemm else set())
     for la in tiled.layers:  # the table's layout: the round-only weights tiled
-        # qkv where ingest's GEMM reads the tiled layout too and its kv view starts on a tile
+        # qkv under tiled_row_views, where ingest's GEMM reads the tiled layout too and its kv
+        # view starts on a tile
         want = linear.layout_rows(
             la.qkv.fmt,
             (*linear.ROUND_ONLY, "ingest"),
             engine.caps,
             k=la.qkv.in_features,
-            policy=tiled.policy,
+            policy=p,
+            view_starts=(tiled.cfg.q_dim,),
         )
-        assert la.qkv.tile_rows == (want if tiled.cfg.q_dim % 64 == 0 else 0), la.qkv
+        assert la.qkv.tile_rows == want, la.qkv
+        assert want == 0 or p.tiled_row_views
         assert la.kv.tile_rows == la.qkv.tile_rows
         for w in la.round_weights[1:]:
             assert w.tile_rows == (64 if w.fmt in fmts else 0), (w, precision)
@@ -121,14 +129,16 @@ def test_tiled_drafter_equals_row_major_bit_for_bit(
 
 @pytest.mark.parametrize(
     "precision, policy",
-    [("q4_0", {}), ("q8_0", {}), ("bf16", {})],
+    [("q4_0", {}), ("q8_0", {}), ("bf16", {"batched_bf16_gemm": False}), ("bf16", OPT_IN)],
     ids=lambda v: str(v) if v else "default",
 )
 def test_tiled_public_geometry_round_at_ctx_4096(engine, preset_checkpoint, rng, precision, policy):
     """qwen3-8b-b16's widths and 4096 ctx rows: the same bits."""
     tiled, flat = _load_both(engine, preset_checkpoint("qwen3-8b-b16"), precision, **policy)
-    if engine.caps.tma:  # qkv too: ingest's GEMMs read the tiled layout there
-        assert tiled.layers[0].gate_up.tile_rows == 64 and tiled.layers[0].qkv.tile_rows == 64
+    if precision == "bf16":
+        assert tiled.layers[0].gate_up.tile_rows == 64
+    if policy.get("tiled_row_views") and engine.caps.tma:  # ingest's GEMMs read it there
+        assert tiled.layers[0].qkv.tile_rows == 64
     c, e, ctx = tiled.cfg, engine, 4096
     taps = rng.standard_normal((ctx, c.tap_width), dtype=np.float32)
     noise = rng.standard_normal((c.block_size, c.hidden), dtype=np.float32)

@@ -175,12 +175,14 @@ def test_every_shipped_tile_is_one_the_table_takes():
 
 @pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
 def test_layout_rows_tile_only_what_tiled_readers_alone_read(caps):
-    """The round-only weights (o, gate_up, down, conv projections) of bf16 / q8_0 / q4_0 are
-    tiled in linear_v3's rows a warp (the decode linear, and the tiled entries of gemm_quant
-    and gemm_bf16act where batches take them); fc (gemm.cu past GEMM_ROWS) and f32 (linear.cu)
-    stay row-major. A weight also read by ingest is tiled where ingest's GEMM reads the tiled
-    layout (gemm_quant with tensor maps, gemm_bf16act's wgmma tiles), row-major where it is
-    gemm.cu."""
+    """The round-only weights (o, gate_up, down, conv projections) of q8_0 / q4_0 are tiled in
+    linear_v3's rows a warp (the decode linear, and gemm_quant's tiled entries where batches
+    take them); bf16 ones only under Policy(tiled_bf16_gemm=True) (batched rounds read them
+    through gemm_bf16act); fc (gemm.cu past GEMM_ROWS) and f32 (linear.cu) stay row-major. A
+    weight also read by ingest is tiled where ingest's GEMM reads the tiled layout (gemm_quant
+    with tensor maps; gemm_bf16act's wgmma tiles under the flag), row-major where it is
+    gemm.cu; one whose rows are taken as views only under Policy(tiled_row_views=True), every
+    view starting on a tile."""
     from pydflash.linear import decode_v3
 
     for fmt in ("q8_0", "q4_0"):
@@ -194,11 +196,24 @@ def test_layout_rows_tile_only_what_tiled_readers_alone_read(caps):
         assert dispatch.layout_rows(fmt, (), caps, k=4096) == 0  # no modes: row-major
         off = dispatch.Policy(tiled_decode=False)
         assert dispatch.layout_rows(fmt, dispatch.ROUND_ONLY, caps, k=4096, policy=off) == 0
-    assert dispatch.layout_rows("bf16", dispatch.ROUND_ONLY, caps, k=4096) == 64
-    assert dispatch.layout_rows("bf16", ("round",), caps, k=4096) == 64
+        views = dispatch.Policy(tiled_row_views=True)
+        for policy, starts, want in [
+            (dispatch.DEFAULT, (4096,), 0),  # a view: row-major unless asked for
+            (views, (4096,), 64 if caps.tma else 0),
+            (views, (4096, 4128), 0),  # 4128 is no tile boundary
+        ]:
+            got = dispatch.layout_rows(
+                fmt, with_ingest, caps, k=4096, policy=policy, view_starts=starts
+            )
+            assert got == want, (policy, starts)
+    assert dispatch.layout_rows("bf16", dispatch.ROUND_ONLY, caps, k=4096) == 0
+    assert dispatch.layout_rows("bf16", ("round",), caps, k=4096) == 64  # no batched reader
+    bf = dispatch.Policy(tiled_bf16_gemm=True)
+    assert dispatch.layout_rows("bf16", dispatch.ROUND_ONLY, caps, k=4096, policy=bf) == 64
     with_ingest = (*dispatch.ROUND_ONLY, "ingest")
-    assert dispatch.layout_rows("bf16", with_ingest, caps, k=4096) == (64 if caps.wgmma else 0)
-    assert dispatch.layout_rows("bf16", ("features",), caps, k=4096) == 0
+    got = dispatch.layout_rows("bf16", with_ingest, caps, k=4096, policy=bf)
+    assert got == (64 if caps.wgmma else 0)
+    assert dispatch.layout_rows("bf16", ("features",), caps, k=4096, policy=bf) == 0
     assert dispatch.layout_rows("f32", ("round",), caps, k=4096) == 0
 
 
@@ -212,15 +227,16 @@ def test_families_hold_the_tiled_family_where_the_layout_is_tiled():
     for fmt in ("q8_0", "q4_0"):
         assert {"linear_v3", "linear_v3_tiled"} <= modules(fmt)
         assert "linear_v3_tiled" not in modules(fmt, dispatch.Policy(tiled_decode=False))
-    assert "linear_v3_tiled" in modules("bf16")
-    assert "linear_v3_tiled" not in modules("f32")
+    assert "linear_v3_tiled" not in modules("bf16") | modules("f32")
+    assert "linear_v3_tiled" in modules("bf16", dispatch.Policy(tiled_bf16_gemm=True))
 
 
 @pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
-def test_without_the_batched_bf16_gemm_bf16_round_weights_stay_tiled(caps):
+def test_without_the_batched_bf16_gemm_bf16_round_weights_are_tiled(caps):
     """Policy(batched_bf16_gemm=False): a batched round's bf16 linears take the decode kernel at
-    every row count; a bf16 drafter's o / gate_up / down are stored tiled as by default, qkv
-    as ingest's GEMM reads it, and the ingest choice itself does not move."""
+    every row count (as the quant formats do), so nothing but linear_v3 reads a bf16 drafter's
+    o / gate_up / down and they are stored tiled; qkv keeps ingest's GEMM (row-major), and the
+    ingest choice itself does not move."""
     from pydflash.linear import decode_v3
 
     off = dispatch.Policy(batched_bf16_gemm=False)
@@ -231,9 +247,10 @@ def test_without_the_batched_bf16_gemm_bf16_round_weights_stay_tiled(caps):
         )
     rows = dispatch.layout_rows("bf16", dispatch.ROUND_ONLY, caps, k=4096, policy=off)
     assert rows == decode_v3.DEFAULT.rows("bf16") == 64
-    assert dispatch.layout_rows(
-        "bf16", (*dispatch.ROUND_ONLY, "ingest"), caps, k=4096, policy=off
-    ) == (64 if caps.wgmma else 0)
+    assert (
+        dispatch.layout_rows("bf16", (*dispatch.ROUND_ONLY, "ingest"), caps, k=4096, policy=off)
+        == 0
+    )
     both = dispatch.Policy(batched_bf16_gemm=False, tiled_decode=False)
     assert dispatch.layout_rows("bf16", dispatch.ROUND_ONLY, caps, k=4096, policy=both) == 0
     mods = {f.module for f in dispatch.families("bf16", caps, [4096], off)}
@@ -243,9 +260,7 @@ def test_without_the_batched_bf16_gemm_bf16_round_weights_stay_tiled(caps):
     }
 
 
-@pytest.mark.parametrize(
-    "name", ["quant_ingest", "tiled_decode", "batched_bf16_gemm", "batched_quant_gemm"]
-)
+@pytest.mark.parametrize("name", dispatch.FLAGS)
 @pytest.mark.parametrize("value", ["no", 0, 1, None])
 def test_policy_flags_are_bools(name, value):
     """A Policy flag is True or False: "no", 0 or None would read as a choice (truthiness)."""
@@ -254,6 +269,8 @@ def test_policy_flags_are_bools(name, value):
     with pytest.raises(ArgumentError, match=f"{name} must be True or False, found {value!r}"):
         dispatch.Policy(**{name: value})
     assert getattr(dispatch.Policy(**{name: False}), name) is False
+    bools = {f.name for f in dataclasses.fields(dispatch.Policy) if f.type in (bool, "bool")}
+    assert set(dispatch.FLAGS) == bools  # every flag checked
 
 
 @pytest.mark.parametrize("caps", [H200, NO_TMA, *OTHERS, NEW], ids=lambda c: c.arch)
