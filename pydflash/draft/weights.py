@@ -213,7 +213,7 @@ def load_weights(
         role: str,
         interleave: bool = False,
         modes: Sequence[str] = (),
-        view_starts: Sequence[int] = (),  # rows views of it start at (GpuTensor.rows)
+        view_starts: Sequence[int] = (),  # where views of its rows start (GpuTensor.rows)
     ) -> GpuTensor:
         parts = [ckpt.read_bf16_bits(n) for n in names]
         if interleave:  # gate/up rows in groups of 8: g0..g7, u0..u7, g8..g15, ...

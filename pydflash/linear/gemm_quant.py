@@ -191,9 +191,10 @@ def _tiled_problems(w: GpuTensor) -> list[str]:
     if tr != TILE_ROWS[w.fmt]:
         return [f"w: tiles of {tr} rows; gemm_quant reads {w.fmt} tiles of {TILE_ROWS[w.fmt]}"]
     count = -(-n // tr) * tr * (k // 32)  # the padded tiles' rows x chunks
+    nbytes = count * WEIGHT_FORMATS[w.fmt].data_row_bytes(32)
     problems = []
-    if w.data.dtype != np.uint8 or w.data.size != count * WEIGHT_FORMATS[w.fmt].data_row_bytes(32):
-        problems.append(f"w: expected the tiled quants, uint8 of {count} chunks")
+    if w.data.dtype != np.uint8 or w.data.size != nbytes:
+        problems.append(f"w: expected the tiled quants, uint8 of {nbytes} bytes")
     if w.scales is None or w.scales.dtype != np.uint16 or w.scales.size != count:
         problems.append(f"w: expected the tiled scales, uint16 of {count} elements")
     return problems

@@ -30,8 +30,7 @@ class GpuTensor(Protocol):
 
 
 def require_row_major(w: GpuTensor, kernel: str) -> None:
-    """The kernels without tiled entries (all but the decode linear and gemm_quant) read
-    row-major planes only."""
+    """The kernels without tiled entries (gemm.cu, linear.cu) read row-major planes only."""
     if w.tile_rows:
         raise ShapeError(
             f"{kernel}: the weight [{w.out_features}, {w.in_features}] is in the tiled layout "
