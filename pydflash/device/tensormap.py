@@ -121,15 +121,8 @@ def u8_tiles(
     if problems:
         raise ShapeError("tensor map: " + "; ".join(problems))
     swizzle = _BOX_SWIZZLE.get(chunk_bytes, (_SWIZZLE_NONE, 0))[0]
-    run = tile_rows * chunk_bytes  # one chunk of a tile: its rows' bytes, contiguous
-    return _encode_nd(
-        _DTYPE_UINT8,
-        ptr,
-        (chunk_bytes, tile_rows, chunks, tiles),
-        (chunk_bytes, run, chunks * run),
-        (chunk_bytes, tile_rows, box_chunks, box_tiles),
-        swizzle,
-    )
+    dims, strides, box = tiles_geometry(tiles, chunks, tile_rows, chunk_bytes, 1, box_chunks)
+    return _encode_nd(_DTYPE_UINT8, ptr, dims, strides, (*box[:3], box_tiles), swizzle)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -148,14 +141,22 @@ def bf16_tiles(ptr: int, tiles: int, chunks: int, tile_rows: int, box_tiles: int
         problems.append(f"box {box_tiles} tiles x {tile_rows} rows (each 1..256)")
     if problems:
         raise ShapeError("tensor map: " + "; ".join(problems))
-    run = tile_rows * 64  # one chunk of a tile: its rows' 32 bf16
-    return _encode_nd(
-        _DTYPE_BFLOAT16,
-        ptr,
-        (32, tile_rows, chunks, tiles),
-        (64, run, chunks * run),
-        (32, tile_rows, 1, box_tiles),
-        _SWIZZLE_64B,
+    dims, strides, box = tiles_geometry(tiles, chunks, tile_rows, 64, 2, 1)
+    return _encode_nd(_DTYPE_BFLOAT16, ptr, dims, strides, (*box[:3], box_tiles), _SWIZZLE_64B)
+
+
+def tiles_geometry(
+    tiles: int, chunks: int, tile_rows: int, chunk_bytes: int, element_bytes: int, box_chunks: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The 4-D view of the tiled layout [tiles][chunks][tile_rows][chunk_bytes] that u8_tiles and
+    bf16_tiles encode: (dims innermost first, in elements of element_bytes; the byte strides of
+    dims 1..3; the box of box_chunks chunks of one tile, all its rows)."""
+    run = tile_rows * chunk_bytes  # one chunk of a tile: its rows' bytes, contiguous
+    inner = chunk_bytes // element_bytes
+    return (
+        (inner, tile_rows, chunks, tiles),
+        (chunk_bytes, run, chunks * run),
+        (inner, tile_rows, box_chunks, 1),
     )
 
 
