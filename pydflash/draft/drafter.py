@@ -664,8 +664,9 @@ class DflashDraft:
         last committed row when its sliding layers keep rings). Returns a CuPy [B, b, hidden]
         (a view of `out` if given). activations: "f32" (each sequence equals its single round
         bit for bit) or "bf16" (attention rounds q and p; the bf16 linears of buckets of >=
-        BF16ACT_ROWS rows their activations, unless the policy keeps them on the decode
-        linear: much faster at large B, equal to rounding). See the module docstring."""
+        BF16ACT_ROWS rows, and on sm_90 the q8_0 / q4_0 ones of > 64 rows, their activations,
+        unless the policy keeps them on the decode linear: much faster at large B, equal to
+        rounding). See the module docstring."""
         checks.require_runtime(e)
         with e.ordered():
             pool = self._check_pool(e, pool)
