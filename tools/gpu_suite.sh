@@ -142,8 +142,8 @@ if [ "$PART" = soak ]; then   # the churn soak, alone on the device (its memory 
 fi
 if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer beside each
   # TABLES_PRESETS (both) and TABLES_ONLY (an extended regex over 4096, 131072, batch,
-  # batch_quant, batch_quant_decode, row_major) split the part over device calls when it does
-  # not fit one
+  # batch_quant, batch_quant_decode, row_major, tiled_optin) split the part over device calls
+  # when it does not fit one
   want() { echo "$1" | grep -q -x -E "${TABLES_ONLY:-.*}"; }
   for ck in ${TABLES_PRESETS:-qwen3-8b-b16 gemma4-31b}; do
     want 4096 && run "tables_${ck}_4096" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 mixed --ctx 4096 --rounds 200 --propose --peer
@@ -154,6 +154,10 @@ if [ "$PART" = tables ]; then   # every table of docs/performance.md, the peer b
     want batch_quant_decode && run "tables_${ck}_batch_quant_decode" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision q8_0 q4_0 --ctx 4096 --batch 1 16 64 --activations bf16 --rounds 30 --no-batched-quant-gemm
     # each precision's tiled weights against the same drafter all row-major, one run
     want row_major && run "tables_${ck}_row_major" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 --ctx 4096 --rounds 200 --row-major
+    # the opt-in tiled layouts (bf16's batched GEMM over tiled weights, qkv tiled): single
+    # rounds beside row-major, and bf16 batches, to decide whether they become the default
+    want tiled_optin && run "tables_${ck}_tiled_optin" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 q8_0 q4_0 --ctx 4096 --rounds 200 --row-major --tiled-bf16-gemm --tiled-row-views
+    want tiled_optin && run "tables_${ck}_tiled_optin_batch" python3 tools/bench_round.py --ckpt "$CKPT/$ck" --precision bf16 --ctx 4096 --batch 1 4 16 64 --activations bf16 --rounds 30 --tiled-bf16-gemm
   done
 fi
 if [ "$PART" = sanitize ]; then   # 0 errors expected from each tool
