@@ -15,25 +15,25 @@
 // byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-row tile: the 128B swizzle
 __device__ __forceinline__ int wg_at(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
-// Shared-memory matrix descriptor of a K-major, 128B-swizzled tile at `smem` (1024-aligned).
-__device__ __forceinline__ unsigned long long wg_desc(const unsigned char* smem) {
+// Shared-memory matrix descriptor of a K-major tile of ROW_BYTES-byte rows swizzled across
+// them (128: chunk c of row r at c ^ (r & 7), the tile 1024-aligned; 64: at c ^ ((r >> 1) & 3),
+// 512-aligned): 8-row groups 8 * ROW_BYTES apart.
+template <int ROW_BYTES>
+__device__ __forceinline__ unsigned long long wg_desc_rows(const unsigned char* smem) {
+    static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "the 128B or 64B swizzle");
     const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     unsigned long long d = (unsigned long long)((addr & 0x3FFFF) >> 4);  // start address
     d |= 1ULL << 16;                                                     // leading offset (unused)
-    d |= (unsigned long long)(1024 >> 4) << 32;                          // 8-row group stride
-    d |= 1ULL << 62;                                                     // 128-byte swizzle
+    d |= (unsigned long long)(8 * ROW_BYTES >> 4) << 32;                 // 8-row group stride
+    d |= (ROW_BYTES == 128 ? 1ULL : 2ULL) << 62;                         // swizzle mode
     return d;
 }
-
-// The same of a K-major tile of 64-byte rows, 64B-swizzled (16-byte chunk c of row r at chunk
-// c ^ ((r >> 1) & 3); 8-row groups 512 bytes apart, each 512-byte aligned).
+// the 128B-swizzled tiles of 64 bf16 a row; the 64B-swizzled ones of 32 (tiled weights)
+__device__ __forceinline__ unsigned long long wg_desc(const unsigned char* smem) {
+    return wg_desc_rows<128>(smem);
+}
 __device__ __forceinline__ unsigned long long wg_desc_64b(const unsigned char* smem) {
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
-    unsigned long long d = (unsigned long long)((addr & 0x3FFFF) >> 4);  // start address
-    d |= 1ULL << 16;                                                     // leading offset (unused)
-    d |= (unsigned long long)(512 >> 4) << 32;                           // 8-row group stride
-    d |= 2ULL << 62;                                                     // 64-byte swizzle
-    return d;
+    return wg_desc_rows<64>(smem);
 }
 
 __device__ __forceinline__ void wg_fence() {
